@@ -1,0 +1,159 @@
+//! The one error type of `stoker-store`. Every variant names the object (as a URL) and, for
+//! reads, the byte range and the number of attempts, so a failure deep inside a pipeline can
+//! be traced to the exact request that caused it.
+//!
+//! Errors are `Clone` (sources are behind `Arc`) because one failed fetch is delivered to every
+//! reader that joined it through the cache's single-flight.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+/// What went wrong, with the URL and range it went wrong on.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The object (or prefix) does not exist.
+    #[error("object not found: {url}")]
+    NotFound {
+        /// The object's URL.
+        url: String,
+    },
+
+    /// A read asked for bytes past the end of the object.
+    #[error("range {}-{} is outside {url}, which has {size} bytes", range.start, range.end)]
+    RangeOutOfBounds {
+        /// The object's URL.
+        url: String,
+        /// The requested range.
+        range: Range<u64>,
+        /// The object's size.
+        size: u64,
+    },
+
+    /// A request failed and stayed failed through the retry budget.
+    #[error("reading {url} bytes {}-{} failed after {attempts} attempt(s): {source}", range.start, range.end)]
+    Read {
+        /// The object's URL.
+        url: String,
+        /// The byte range being read.
+        range: Range<u64>,
+        /// How many requests were made for this range.
+        attempts: u32,
+        /// The last underlying error.
+        source: Arc<object_store::Error>,
+    },
+
+    /// The server returned fewer (or more) bytes than the range holds.
+    #[error("short read of {url} bytes {}-{}: expected {expected} bytes, got {got} (after {attempts} attempt(s))", range.start, range.end)]
+    ShortRead {
+        /// The object's URL.
+        url: String,
+        /// The byte range being read.
+        range: Range<u64>,
+        /// Bytes expected.
+        expected: u64,
+        /// Bytes received.
+        got: u64,
+        /// How many requests were made.
+        attempts: u32,
+    },
+
+    /// The object changed (a different ETag/version) while it was being read; the parts read so
+    /// far are discarded rather than spliced with parts of the new version.
+    #[error("{url} changed while being read (version {expected} became {actual})")]
+    Changed {
+        /// The object's URL.
+        url: String,
+        /// The version the read started with.
+        expected: String,
+        /// The version the server now reports.
+        actual: String,
+    },
+
+    /// Metadata (HEAD) or listing failed.
+    #[error("{op} {url} failed: {source}")]
+    Request {
+        /// `"head"`, `"list"`, ...
+        op: &'static str,
+        /// The object or prefix URL.
+        url: String,
+        /// The underlying error.
+        source: Arc<object_store::Error>,
+    },
+
+    /// The credentials were refused.
+    #[error("access denied to {url}: {source}")]
+    PermissionDenied {
+        /// The object or prefix URL.
+        url: String,
+        /// The underlying error.
+        source: Arc<object_store::Error>,
+    },
+
+    /// A URL that Stoker cannot open.
+    #[error("invalid store URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// An option with a bad value or an unknown key.
+    #[error("invalid option {key}={value:?}: {reason}")]
+    InvalidOption {
+        /// The option key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// The backend could not be configured (missing bucket, bad endpoint, ...).
+    #[error("cannot open {url}: {source}")]
+    Open {
+        /// The URL being opened.
+        url: String,
+        /// The underlying error.
+        source: Arc<object_store::Error>,
+    },
+
+    /// Local I/O (the disk cache) failed.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The local path.
+        path: String,
+        /// The underlying error.
+        source: Arc<std::io::Error>,
+    },
+}
+
+impl Error {
+    /// True for a missing object or prefix.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::NotFound { .. })
+    }
+
+    /// Classifies an `object_store` error from operation `op` on `url`.
+    pub(crate) fn from_backend(op: &'static str, url: &str, e: object_store::Error) -> Self {
+        match e {
+            object_store::Error::NotFound { .. } => Error::NotFound {
+                url: url.to_string(),
+            },
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => Error::PermissionDenied {
+                url: url.to_string(),
+                source: Arc::new(e),
+            },
+            other => Error::Request {
+                op,
+                url: url.to_string(),
+                source: Arc::new(other),
+            },
+        }
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,188 @@
+//! [`Store::fetch_many`]: whole objects, many at once, delivered in the order asked.
+//!
+//! This is the call a pipeline makes once it knows its future (the shuffled order of the next
+//! samples). Small objects are dominated by per-request latency, so the only way to go fast is
+//! many requests in flight; but delivery must stay in order and memory must stay bounded. The
+//! stream keeps a window of fetch tasks, launched in the order given and yielded in that same
+//! order: at most `concurrency` tasks and at most `max_bytes` (estimated from the metadata
+//! cache, else from the sizes seen so far) in flight, each also holding its bytes against the
+//! store's memory budget. Because tasks are launched in yield order, the oldest task never
+//! waits behind younger ones for budget: there is no head-of-line deadlock.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use futures::stream::{self, BoxStream, StreamExt};
+use stoker_core::Reservation;
+use tokio::task::JoinHandle;
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+/// One object delivered by [`Store::fetch_many`].
+#[derive(Debug, Clone)]
+pub struct FetchedObject {
+    /// Its key.
+    pub key: String,
+    /// Its bytes.
+    pub bytes: Bytes,
+}
+
+/// Options of [`Store::fetch_many`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct FetchManyOptions {
+    /// Objects in flight. Default: the store's `fetch_concurrency`.
+    pub concurrency: Option<usize>,
+    /// Bytes in flight (fetched but not yet yielded included). Default 256 MiB.
+    pub max_bytes: u64,
+}
+
+impl Default for FetchManyOptions {
+    fn default() -> Self {
+        FetchManyOptions {
+            concurrency: None,
+            max_bytes: 256 << 20,
+        }
+    }
+}
+
+impl FetchManyOptions {
+    /// Sets the number of objects in flight.
+    pub fn with_concurrency(mut self, n: usize) -> Self {
+        self.concurrency = Some(n.max(1));
+        self
+    }
+
+    /// Sets the byte window.
+    pub fn with_max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = bytes.max(1);
+        self
+    }
+}
+
+struct Pending {
+    key: String,
+    estimate: u64,
+    task: JoinHandle<Result<Bytes>>,
+    _hold: Reservation,
+}
+
+struct State<I> {
+    store: Store,
+    keys: I,
+    window: VecDeque<Pending>,
+    bytes_in_flight: u64,
+    concurrency: usize,
+    max_bytes: u64,
+    seen_bytes: u64,
+    seen_objects: u64,
+    deferred: Option<String>,
+}
+
+impl<I> Drop for State<I> {
+    fn drop(&mut self) {
+        for p in &self.window {
+            p.task.abort();
+        }
+    }
+}
+
+const DEFAULT_ESTIMATE: u64 = 256 << 10;
+
+impl Store {
+    /// Fetches every key in `keys` (whole objects), many concurrently, and yields them in the
+    /// order given. See the module docs for the bounds.
+    pub fn fetch_many<I>(
+        &self,
+        keys: I,
+        options: FetchManyOptions,
+    ) -> BoxStream<'static, Result<FetchedObject>>
+    where
+        I: IntoIterator<Item = String>,
+        I::IntoIter: Send + 'static,
+    {
+        let state = State {
+            store: self.clone(),
+            keys: keys.into_iter(),
+            window: VecDeque::new(),
+            bytes_in_flight: 0,
+            concurrency: options
+                .concurrency
+                .unwrap_or(self.inner.opts.fetch_concurrency)
+                .max(1),
+            max_bytes: options.max_bytes,
+            seen_bytes: 0,
+            seen_objects: 0,
+            deferred: None,
+        };
+        stream::unfold(state, |mut st| async move {
+            st.top_up().await;
+            let p = st.window.pop_front()?;
+            st.bytes_in_flight -= p.estimate;
+            let res = match p.task.await {
+                Ok(r) => r,
+                Err(join) => Err(Error::Io {
+                    path: st.store.object_url(&p.key),
+                    source: std::sync::Arc::new(std::io::Error::other(join.to_string())),
+                }),
+            };
+            let out = res.map(|bytes| {
+                st.seen_bytes += bytes.len() as u64;
+                st.seen_objects += 1;
+                FetchedObject { key: p.key, bytes }
+            });
+            Some((out, st))
+        })
+        .boxed()
+    }
+}
+
+impl<I: Iterator<Item = String>> State<I> {
+    fn estimate(&self, key: &str) -> u64 {
+        if let Some(info) = self.store.inner.meta.get(key) {
+            return info.size.max(1);
+        }
+        self.seen_bytes
+            .checked_div(self.seen_objects)
+            .map(|avg| avg.max(1))
+            .unwrap_or(DEFAULT_ESTIMATE)
+    }
+
+    /// Launches fetches until the window is full. The oldest pending fetch always gets
+    /// started (waiting for budget if it must); younger ones only when both the byte window
+    /// and the shared budget have room now. A key that does not fit waits in `deferred`.
+    async fn top_up(&mut self) {
+        while self.window.len() < self.concurrency {
+            let Some(key) = self.deferred.take().or_else(|| self.keys.next()) else {
+                break;
+            };
+            let estimate = self.estimate(&key);
+            let budget = &self.store.inner.budget;
+            let hold = if self.window.is_empty() {
+                budget.reserve(estimate).await
+            } else if self.bytes_in_flight + estimate > self.max_bytes {
+                self.deferred = Some(key);
+                break;
+            } else {
+                match budget.try_reserve(estimate) {
+                    Some(h) => h,
+                    None => {
+                        self.deferred = Some(key);
+                        break;
+                    }
+                }
+            };
+            let store = self.store.clone();
+            let k = key.clone();
+            let task = tokio::spawn(async move { store.get(&k).await });
+            self.bytes_in_flight += estimate;
+            self.window.push_back(Pending {
+                key,
+                estimate,
+                task,
+                _hold: hold,
+            });
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! Request metrics, always on and cheap: atomic counters and a log-scale latency histogram.
+//!
+//! Two levels are counted. *Logical* operations are what Stoker asked for (a GET of a range, a
+//! HEAD, a LIST page). *HTTP attempts* are what went on the wire, counted by a connector that
+//! wraps the HTTP client `object_store` uses, so the retries `object_store` makes on our
+//! behalf (503 SlowDown, 5xx, resets, timeouts) are visible too. Latency is time to response
+//! headers (time to first byte) per HTTP attempt, or per logical operation for backends
+//! without HTTP (memory, local files).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
+};
+use object_store::ClientOptions;
+use serde::Serialize;
+
+/// Log-linear histogram of durations in microseconds: 8 sub-buckets per power of two, so any
+/// percentile is within about 9% of the true value. Lock-free.
+#[derive(Debug)]
+pub struct LatencyHistogram {
+    buckets: Vec<AtomicU64>,
+}
+
+const SUB: u32 = 8;
+const POWERS: u32 = 40;
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram {
+            buckets: (0..(SUB * POWERS)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl LatencyHistogram {
+    fn index(us: u64) -> usize {
+        if us < SUB as u64 {
+            return us as usize;
+        }
+        let p = 63 - us.leading_zeros(); // floor(log2)
+        let shift = p - 3; // keep 3 bits below the leading one
+        let sub = ((us >> shift) & (SUB as u64 - 1)) as u32;
+        (((p - 2) * SUB + sub) as usize).min((SUB * POWERS) as usize - 1)
+    }
+
+    fn lower_bound(i: usize) -> u64 {
+        let i = i as u32;
+        if i < SUB {
+            return i as u64;
+        }
+        let p = i / SUB + 2;
+        let sub = (i % SUB) as u64;
+        (1u64 << p) + (sub << (p - 3))
+    }
+
+    /// Records one duration.
+    pub fn record(&self, d: Duration) {
+        let us = d.as_micros().min(u64::MAX as u128) as u64;
+        self.buckets[Self::index(us)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Number of recorded durations.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+
+    /// The `q` quantile (0..=1) in milliseconds, or 0 when empty.
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return 0.0;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                // Midpoint of the bucket.
+                let lo = Self::lower_bound(i) as f64;
+                let hi = Self::lower_bound(i + 1) as f64;
+                return (lo + hi) / 2.0 / 1000.0;
+            }
+        }
+        0.0
+    }
+}
+
+/// Live counters of one [`Store`](crate::Store); shared by every reader of it.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub(crate) get_requests: AtomicU64,
+    pub(crate) head_requests: AtomicU64,
+    pub(crate) list_requests: AtomicU64,
+    pub(crate) bytes_read: AtomicU64,
+    pub(crate) resumes: AtomicU64,
+    pub(crate) failed_reads: AtomicU64,
+    pub(crate) objects_fetched: AtomicU64,
+    pub(crate) http: HttpCounters,
+    pub(crate) op_latency: LatencyHistogram,
+}
+
+/// Counters kept by the metering HTTP connector.
+#[derive(Debug, Default)]
+pub struct HttpCounters {
+    requests: AtomicU64,
+    status_2xx: AtomicU64,
+    status_4xx: AtomicU64,
+    throttled: AtomicU64,
+    status_5xx: AtomicU64,
+    transport_errors: AtomicU64,
+    latency: LatencyHistogram,
+}
+
+/// A point-in-time copy of the metrics, serialisable to JSON.
+#[derive(Debug, Clone, Default, Serialize)]
+#[non_exhaustive]
+pub struct MetricsSnapshot {
+    /// Logical GET operations (whole objects or ranges).
+    pub get_requests: u64,
+    /// Logical HEAD operations.
+    pub head_requests: u64,
+    /// LIST pages requested.
+    pub list_requests: u64,
+    /// Payload bytes received.
+    pub bytes_read: u64,
+    /// Whole objects delivered by `fetch_many`/`get`.
+    pub objects_fetched: u64,
+    /// HTTP attempts on the wire (0 for memory/local backends).
+    pub http_requests: u64,
+    /// HTTP attempts answered 503/429 (throttling).
+    pub http_throttled: u64,
+    /// HTTP attempts answered with another 5xx.
+    pub http_server_errors: u64,
+    /// HTTP attempts with a 4xx other than 429 (404 on a probe, 416, 403...).
+    pub http_client_errors: u64,
+    /// HTTP attempts that failed below HTTP (reset, refused, timeout).
+    pub http_transport_errors: u64,
+    /// Retries made: failed attempts that were tried again, plus resumed bodies.
+    pub retries: u64,
+    /// Bodies cut short and resumed from the last byte received.
+    pub resumes: u64,
+    /// Reads that failed after the retry budget.
+    pub failed_reads: u64,
+    /// Number of latency samples behind the percentiles.
+    pub latency_samples: u64,
+    /// Median time to first byte, ms.
+    pub latency_p50_ms: f64,
+    /// 90th percentile time to first byte, ms.
+    pub latency_p90_ms: f64,
+    /// 99th percentile time to first byte, ms.
+    pub latency_p99_ms: f64,
+    /// Block cache counters.
+    pub cache: crate::cache::CacheStats,
+    /// Memory budget limit, bytes.
+    pub memory_limit: u64,
+    /// Memory budget in use now, bytes.
+    pub memory_used: u64,
+    /// Highest memory budget use, bytes.
+    pub memory_peak: u64,
+}
+
+impl Metrics {
+    pub(crate) fn snapshot(
+        &self,
+        cache: crate::cache::CacheStats,
+        budget: &stoker_core::MemoryBudget,
+    ) -> MetricsSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let http = &self.http;
+        let http_requests = l(&http.requests);
+        let hist = if http_requests > 0 {
+            &http.latency
+        } else {
+            &self.op_latency
+        };
+        let failed_attempts = l(&http.throttled) + l(&http.status_5xx) + l(&http.transport_errors);
+        let resumes = l(&self.resumes);
+        MetricsSnapshot {
+            get_requests: l(&self.get_requests),
+            head_requests: l(&self.head_requests),
+            list_requests: l(&self.list_requests),
+            bytes_read: l(&self.bytes_read),
+            objects_fetched: l(&self.objects_fetched),
+            http_requests,
+            http_throttled: l(&http.throttled),
+            http_server_errors: l(&http.status_5xx),
+            http_client_errors: l(&http.status_4xx),
+            http_transport_errors: l(&http.transport_errors),
+            retries: failed_attempts.saturating_sub(l(&self.failed_reads)) + resumes,
+            resumes,
+            failed_reads: l(&self.failed_reads),
+            latency_samples: hist.count(),
+            latency_p50_ms: hist.quantile_ms(0.50),
+            latency_p90_ms: hist.quantile_ms(0.90),
+            latency_p99_ms: hist.quantile_ms(0.99),
+            cache,
+            memory_limit: budget.limit(),
+            memory_used: budget.used(),
+            memory_peak: budget.peak(),
+        }
+    }
+}
+
+/// An [`HttpConnector`] that counts every HTTP attempt `object_store` makes.
+#[derive(Debug)]
+pub(crate) struct MeteredConnector {
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl HttpConnector for MeteredConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let inner = ReqwestConnector::default().connect(options)?;
+        Ok(HttpClient::new(MeteredService {
+            inner,
+            metrics: self.metrics.clone(),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct MeteredService {
+    inner: HttpClient,
+    metrics: Arc<Metrics>,
+}
+
+#[async_trait::async_trait]
+impl HttpService for MeteredService {
+    async fn call(&self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
+        let start = Instant::now();
+        let h = &self.metrics.http;
+        h.requests.fetch_add(1, Ordering::Relaxed);
+        let out = self.inner.execute(req).await;
+        h.latency.record(start.elapsed());
+        match &out {
+            Ok(resp) => {
+                let s = resp.status().as_u16();
+                let c = match s {
+                    200..=299 => &h.status_2xx,
+                    429 | 503 => &h.throttled,
+                    500..=599 => &h.status_5xx,
+                    _ => &h.status_4xx,
+                };
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                h.transport_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles_are_close() {
+        let h = LatencyHistogram::default();
+        for ms in 1..=100u64 {
+            h.record(Duration::from_millis(ms));
+        }
+        let p50 = h.quantile_ms(0.5);
+        let p99 = h.quantile_ms(0.99);
+        assert!((45.0..=56.0).contains(&p50), "p50 {p50}");
+        assert!((90.0..=110.0).contains(&p99), "p99 {p99}");
+        assert_eq!(h.count(), 100);
+    }
+
+    #[test]
+    fn histogram_index_is_monotonic() {
+        let mut last = 0;
+        for us in 0..100_000u64 {
+            let i = LatencyHistogram::index(us);
+            assert!(i >= last);
+            assert!(LatencyHistogram::lower_bound(i) <= us, "us {us} i {i}");
+            assert!(LatencyHistogram::lower_bound(i + 1) > us, "us {us} i {i}");
+            last = i;
+        }
+    }
+}

@@ -1,0 +1,608 @@
+//! [`Store`]: one opened bucket (or directory), with its cache, budget, metadata cache and
+//! metrics. Cheap to clone; every clone shares all of them.
+
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures::stream::{self, BoxStream, StreamExt};
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt};
+use serde::Serialize;
+use stoker_core::{MemoryBudget, Reservation};
+
+use crate::cache::{BlockCache, BlockKey, CacheOptions};
+use crate::error::{Error, Result};
+use crate::list::MetaCache;
+use crate::location::StoreUrl;
+use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::options::StoreOptions;
+
+/// Metadata of one object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ObjectInfo {
+    /// The key, relative to the store's bucket.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// ETag as the server sent it, if any.
+    pub etag: Option<String>,
+    /// Version id, if the backend versions objects.
+    pub version: Option<String>,
+    /// Last modification, milliseconds since the Unix epoch.
+    pub last_modified_ms: i64,
+}
+
+impl ObjectInfo {
+    pub(crate) fn from_meta(meta: &ObjectMeta) -> Self {
+        ObjectInfo {
+            key: meta.location.to_string(),
+            size: meta.size,
+            etag: meta.e_tag.clone(),
+            version: meta.version.clone(),
+            last_modified_ms: meta.last_modified.timestamp_millis(),
+        }
+    }
+
+    /// The identity of this version of the object, used in cache keys: the ETag, else the
+    /// version id, else size and modification time.
+    pub fn version_tag(&self) -> String {
+        if let Some(e) = &self.etag {
+            return e.clone();
+        }
+        if let Some(v) = &self.version {
+            return format!("v:{v}");
+        }
+        format!("{}@{}", self.size, self.last_modified_ms)
+    }
+}
+
+/// A handle to one bucket, container or directory. See the crate docs.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) url: StoreUrl,
+    pub(crate) backend: Arc<dyn ObjectStore>,
+    pub(crate) opts: StoreOptions,
+    pub(crate) budget: MemoryBudget,
+    pub(crate) cache: BlockCache,
+    pub(crate) meta: MetaCache,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("url", &self.inner.url.object_url(""))
+            .field("part_size", &self.inner.opts.part_size)
+            .field("budget", &self.inner.budget)
+            .finish()
+    }
+}
+
+/// Converts a key to an `object_store` path, keeping keys that are already canonical as they
+/// are and encoding the rest.
+pub(crate) fn to_path(key: &str) -> Path {
+    Path::parse(key).unwrap_or_else(|_| Path::from(key))
+}
+
+impl Store {
+    /// Opens the bucket (or directory) that `url` points into, with a memory budget of its
+    /// own. The key part of the URL is available as [`Store::url_key`].
+    pub fn open(url: &str, options: StoreOptions) -> Result<Store> {
+        let budget = match options.memory_limit {
+            Some(limit) => MemoryBudget::new(limit),
+            None => MemoryBudget::from_system(),
+        };
+        Self::open_with_budget(url, options, budget)
+    }
+
+    /// Opens `url` drawing on an existing memory budget (shared with other stores or with a
+    /// pipeline's queues).
+    pub fn open_with_budget(
+        url: &str,
+        options: StoreOptions,
+        budget: MemoryBudget,
+    ) -> Result<Store> {
+        let parsed = StoreUrl::parse(url)?;
+        let metrics = Arc::new(Metrics::default());
+        let backend = crate::backend::build(&parsed, url, &options, &metrics)?;
+        let cache_memory = options.cache_memory.unwrap_or(budget.limit() / 2);
+        let mut cache_opts = CacheOptions::default().with_memory_bytes(cache_memory);
+        if let Some(dir) = &options.cache_dir {
+            cache_opts = cache_opts.with_disk(dir.clone(), options.cache_disk_bytes);
+        }
+        let cache = BlockCache::new(cache_opts, budget.clone()).map_err(|e| Error::Io {
+            path: options
+                .cache_dir
+                .as_deref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            source: Arc::new(e),
+        })?;
+        let meta = MetaCache::new(options.metadata_ttl);
+        Ok(Store {
+            inner: Arc::new(Inner {
+                url: parsed,
+                backend,
+                opts: options,
+                budget,
+                cache,
+                meta,
+                metrics,
+            }),
+        })
+    }
+
+    /// The key or prefix part of the URL this store was opened with.
+    pub fn url_key(&self) -> &str {
+        &self.inner.url.key
+    }
+
+    /// The full URL of `key`, as used in messages and cache keys.
+    pub fn object_url(&self, key: &str) -> String {
+        self.inner.url.object_url(key)
+    }
+
+    /// The options this store was opened with.
+    pub fn options(&self) -> &StoreOptions {
+        &self.inner.opts
+    }
+
+    /// The shared memory budget.
+    pub fn budget(&self) -> &MemoryBudget {
+        &self.inner.budget
+    }
+
+    /// The shared block cache.
+    pub fn cache(&self) -> &BlockCache {
+        &self.inner.cache
+    }
+
+    /// The underlying `object_store` backend (for writes in tests and tools; reads should go
+    /// through the `Store` so they are cached, retried and counted).
+    pub fn backend(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner.backend
+    }
+
+    /// A snapshot of the request, cache and memory metrics.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner
+            .metrics
+            .snapshot(self.inner.cache.stats(), &self.inner.budget)
+    }
+
+    /// Metadata of `key`, from the metadata cache while it is fresh, else by a HEAD request.
+    pub async fn head(&self, key: &str) -> Result<ObjectInfo> {
+        if let Some(info) = self.inner.meta.get(key) {
+            return Ok(info);
+        }
+        self.head_uncached(key).await
+    }
+
+    /// Metadata of `key` by a HEAD request, refreshing the metadata cache.
+    pub async fn head_uncached(&self, key: &str) -> Result<ObjectInfo> {
+        let m = &self.inner.metrics;
+        m.head_requests.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
+        let meta = self
+            .inner
+            .backend
+            .head(&to_path(key))
+            .await
+            .map_err(|e| Error::from_backend("head", &self.object_url(key), e))?;
+        m.op_latency.record(start.elapsed());
+        let info = ObjectInfo {
+            key: key.to_string(),
+            ..ObjectInfo::from_meta(&meta)
+        };
+        self.remember(&info);
+        Ok(info)
+    }
+
+    /// Records fresh metadata, dropping cached blocks of any other version of the object.
+    pub(crate) fn remember(&self, info: &ObjectInfo) {
+        let previous = self.inner.meta.insert(info.clone());
+        if let Some(prev) = previous {
+            if prev.version_tag() != info.version_tag() {
+                self.inner
+                    .cache
+                    .invalidate_other_versions(&self.object_url(&info.key), &info.version_tag());
+            }
+        }
+    }
+
+    /// The whole object. One GET for objects up to the part size (no HEAD first); larger
+    /// objects are read as concurrent ranged GETs of one part each. Served from the block cache
+    /// when the object's current version is cached.
+    pub async fn get(&self, key: &str) -> Result<Bytes> {
+        let out = match self.inner.meta.get_any(key) {
+            Some((info, true)) => self.get_known(&info).await,
+            Some((info, false)) => self.get_revalidated(&info).await,
+            None => self.get_unknown(key).await,
+        }?;
+        self.inner
+            .metrics
+            .objects_fetched
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    async fn get_known(&self, info: &ObjectInfo) -> Result<Bytes> {
+        if info.size <= self.inner.opts.part_size {
+            return self.block(info, 0).await;
+        }
+        self.collect_range(info, 0..info.size).await
+    }
+
+    /// A read after the metadata TTL of an object whose first block is cached: one
+    /// conditional GET (`If-None-Match`) answers both "is the cache still right?" (304: serve
+    /// it) and, when the object changed, "what is it now?" (200 with the new bytes).
+    async fn get_revalidated(&self, stale: &ObjectInfo) -> Result<Bytes> {
+        let (Some(etag), true) = (&stale.etag, self.inner.opts.part_size > 0) else {
+            return self.get_unknown(&stale.key).await;
+        };
+        let block0 = self.block_key(&stale.key, &stale.version_tag(), 0);
+        if self.inner.cache.get_memory(&block0).is_none() {
+            return self.get_unknown(&stale.key).await;
+        }
+        let m = &self.inner.metrics;
+        m.head_requests.fetch_add(1, Ordering::Relaxed);
+        let opts = GetOptions {
+            if_none_match: Some(etag.clone()),
+            head: true,
+            ..Default::default()
+        };
+        match self
+            .inner
+            .backend
+            .get_opts(&to_path(&stale.key), opts)
+            .await
+        {
+            Err(object_store::Error::NotModified { .. }) => {
+                self.inner.meta.insert(stale.clone());
+                self.get_known(stale).await
+            }
+            Err(object_store::Error::NotFound { .. }) => Err(Error::NotFound {
+                url: self.object_url(&stale.key),
+            }),
+            // Changed, or a server that ignores If-None-Match: start over.
+            _ => self.get_unknown(&stale.key).await,
+        }
+    }
+
+    /// First read of an object whose size and version are unknown: a ranged GET of the first
+    /// part tells both, so small objects cost exactly one request.
+    async fn get_unknown(&self, key: &str) -> Result<Bytes> {
+        let ps = self.inner.opts.part_size;
+        let (info, first) = match self.fetch(key, 0..ps, None, true).await {
+            Ok(v) => v,
+            Err(e @ Error::NotFound { .. }) => return Err(e),
+            Err(e) => {
+                // A ranged GET of an empty object is answered 416 by S3; ask for its size.
+                match self.head_uncached(key).await {
+                    Ok(info) if info.size == 0 => {
+                        // Not a failure after all.
+                        let m = &self.inner.metrics;
+                        m.failed_reads.fetch_sub(1, Ordering::Relaxed);
+                        return Ok(Bytes::new());
+                    }
+                    _ => return Err(e),
+                }
+            }
+        };
+        let info = info.expect("fetch with want_meta returns metadata");
+        self.remember(&info);
+        let tag = info.version_tag();
+        if info.size <= ps {
+            self.inner
+                .cache
+                .insert(self.block_key(&info.key, &tag, 0), first.clone());
+            return Ok(first);
+        }
+        self.inner
+            .cache
+            .insert(self.block_key(&info.key, &tag, 0), first.clone());
+        self.collect_range(&info, 0..info.size).await
+    }
+
+    /// Bytes `range` of `key`. Checks the range against the object's size (a range past the
+    /// end is an error that names the object and its size).
+    pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        let info = self.head(key).await?;
+        self.get_range_of(&info, range).await
+    }
+
+    /// Like [`Store::get_range`] with metadata the caller already has.
+    pub async fn get_range_of(&self, info: &ObjectInfo, range: Range<u64>) -> Result<Bytes> {
+        if range.start > range.end || range.end > info.size {
+            return Err(Error::RangeOutOfBounds {
+                url: self.object_url(&info.key),
+                range,
+                size: info.size,
+            });
+        }
+        if range.is_empty() {
+            return Ok(Bytes::new());
+        }
+        let ps = self.inner.opts.part_size;
+        let first = range.start / ps;
+        let last = (range.end - 1) / ps;
+        if first == last {
+            let base = first * ps;
+            let key = self.block_key(&info.key, &info.version_tag(), first);
+            if let Some(b) = self.inner.cache.get_memory(&key) {
+                return Ok(b.slice((range.start - base) as usize..(range.end - base) as usize));
+            }
+            // A small read of an uncached block fetches just the bytes asked for, so random
+            // small reads do not pull whole parts each time.
+            if range.end - range.start < ps / 4 {
+                let etag = info.etag.clone();
+                return Ok(self.fetch(&info.key, range, etag, false).await?.1);
+            }
+            let b = self.block(info, first).await?;
+            return Ok(b.slice((range.start - base) as usize..(range.end - base) as usize));
+        }
+        self.collect_range(info, range).await
+    }
+
+    async fn collect_range(&self, info: &ObjectInfo, range: Range<u64>) -> Result<Bytes> {
+        let mut out = BytesMut::with_capacity((range.end - range.start) as usize);
+        let mut parts = self.stream_range_of(info.clone(), range.clone());
+        while let Some(part) = parts.next().await {
+            out.extend_from_slice(&part?);
+        }
+        if out.len() as u64 != range.end - range.start {
+            return Err(Error::ShortRead {
+                url: self.object_url(&info.key),
+                expected: range.end - range.start,
+                got: out.len() as u64,
+                range,
+                attempts: 1,
+            });
+        }
+        Ok(out.freeze())
+    }
+
+    /// Streams bytes `range` of `key` (all of it when `None`) as parts in order: up to
+    /// `max_concurrency` ranged GETs of `part_size` in flight, each part yielded as soon as it
+    /// and every part before it have arrived, so the first bytes come after one part's latency,
+    /// not the whole window's. In-flight parts hold memory budget (backpressure).
+    pub async fn read_stream(
+        &self,
+        key: &str,
+        range: Option<Range<u64>>,
+    ) -> Result<BoxStream<'static, Result<Bytes>>> {
+        let info = self.head(key).await?;
+        let range = range.unwrap_or(0..info.size);
+        if range.start > range.end || range.end > info.size {
+            return Err(Error::RangeOutOfBounds {
+                url: self.object_url(key),
+                range,
+                size: info.size,
+            });
+        }
+        Ok(self.stream_range_of(info, range))
+    }
+
+    pub(crate) fn stream_range_of(
+        &self,
+        info: ObjectInfo,
+        range: Range<u64>,
+    ) -> BoxStream<'static, Result<Bytes>> {
+        if range.is_empty() {
+            return stream::empty().boxed();
+        }
+        let ps = self.inner.opts.part_size;
+        let first = range.start / ps;
+        let last = (range.end - 1) / ps;
+        let this = self.clone();
+        let info = Arc::new(info);
+        stream::iter(first..=last)
+            .map(move |b| {
+                let this = this.clone();
+                let info = info.clone();
+                let range = range.clone();
+                async move {
+                    let base = b * ps;
+                    let end = (base + ps).min(info.size);
+                    let hold = this.inner.budget.reserve(end - base).await;
+                    let block = this.block(&info, b).await?;
+                    let lo = range.start.max(base) - base;
+                    let hi = range.end.min(end) - base;
+                    Ok::<_, Error>((block.slice(lo as usize..hi as usize), hold))
+                }
+            })
+            .buffered(self.inner.opts.max_concurrency)
+            .map(|r: Result<(Bytes, Reservation)>| r.map(|(b, _hold)| b))
+            .boxed()
+    }
+
+    pub(crate) fn block_key(&self, key: &str, tag: &str, block: u64) -> BlockKey {
+        BlockKey {
+            object: self.object_url(key).into(),
+            version: tag.into(),
+            block,
+        }
+    }
+
+    /// Block `b` of the object, from the cache or by one ranged GET (single-flight).
+    pub(crate) async fn block(&self, info: &ObjectInfo, b: u64) -> Result<Bytes> {
+        let ps = self.inner.opts.part_size;
+        let start = b * ps;
+        let end = (start + ps).min(info.size);
+        if start >= end {
+            return Ok(Bytes::new());
+        }
+        let key = self.block_key(&info.key, &info.version_tag(), b);
+        let this = self.clone();
+        let etag = info.etag.clone();
+        let k = info.key.clone();
+        self.inner
+            .cache
+            .get_or_fetch(key, move || async move {
+                this.fetch(&k, start..end, etag, false)
+                    .await
+                    .map(|(_, b)| b)
+            })
+            .await
+    }
+
+    /// One ranged GET with Stoker's body handling: the body is checked against the range's
+    /// length, and a body cut short is resumed from the last byte received (with `If-Match`
+    /// on the ETag, so bytes of two versions are never spliced) up to the retry budget.
+    /// `want_meta` also returns the object's metadata from the response.
+    pub(crate) async fn fetch(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: Option<String>,
+        want_meta: bool,
+    ) -> Result<(Option<ObjectInfo>, Bytes)> {
+        let m = &self.inner.metrics;
+        let path = to_path(key);
+        let url = || self.object_url(key);
+        let max_attempts = self.inner.opts.max_retries as u32 + 1;
+        let deadline = Instant::now() + self.inner.opts.retry_timeout;
+        let mut etag = etag;
+        let mut info = None;
+        let mut buf: Option<BytesMut> = None;
+        let mut want = range.clone();
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let received = buf.as_ref().map(|b| b.len() as u64).unwrap_or(0);
+            let start = range.start + received;
+            let opts = GetOptions {
+                range: Some(GetRange::Bounded(start..want.end)),
+                if_match: etag.clone(),
+                ..Default::default()
+            };
+            m.get_requests.fetch_add(1, Ordering::Relaxed);
+            let t0 = Instant::now();
+            let res = match self.inner.backend.get_opts(&path, opts).await {
+                Ok(r) => r,
+                Err(object_store::Error::NotFound { .. }) => {
+                    return Err(Error::NotFound { url: url() });
+                }
+                Err(object_store::Error::Precondition { .. }) => {
+                    return Err(Error::Changed {
+                        url: url(),
+                        expected: etag.unwrap_or_default(),
+                        actual: "(a newer version)".into(),
+                    });
+                }
+                Err(e) => {
+                    m.failed_reads.fetch_add(1, Ordering::Relaxed);
+                    return Err(match Error::from_backend("get", &url(), e) {
+                        Error::Request { source, .. } => Error::Read {
+                            url: url(),
+                            range: start..want.end,
+                            attempts,
+                            source,
+                        },
+                        other => other,
+                    });
+                }
+            };
+            m.op_latency.record(t0.elapsed());
+            // The response fixes the version (first attempt) or must match it (resumes).
+            match (&etag, &res.meta.e_tag) {
+                (Some(expected), Some(actual)) if expected != actual => {
+                    return Err(Error::Changed {
+                        url: url(),
+                        expected: expected.clone(),
+                        actual: actual.clone(),
+                    });
+                }
+                (None, Some(actual)) => etag = Some(actual.clone()),
+                _ => {}
+            }
+            if want_meta && info.is_none() {
+                info = Some(ObjectInfo {
+                    key: key.to_string(),
+                    ..ObjectInfo::from_meta(&res.meta)
+                });
+                // The server clamps a range that runs past the end.
+                want.end = want.end.min(res.meta.size.max(range.start));
+            }
+            if res.range.start != start {
+                return Err(Error::ShortRead {
+                    url: url(),
+                    range: range.start..want.end,
+                    expected: want.end - range.start,
+                    got: received,
+                    attempts,
+                });
+            }
+            let expected = want.end - range.start;
+            let buf = buf.get_or_insert_with(|| BytesMut::with_capacity(expected as usize));
+            let mut body = res.into_stream();
+            let mut cut: Option<object_store::Error> = None;
+            while let Some(chunk) = body.next().await {
+                match chunk {
+                    Ok(c) => {
+                        if buf.len() as u64 + c.len() as u64 > expected {
+                            return Err(Error::ShortRead {
+                                url: url(),
+                                range: range.start..want.end,
+                                expected,
+                                got: buf.len() as u64 + c.len() as u64,
+                                attempts,
+                            });
+                        }
+                        m.bytes_read.fetch_add(c.len() as u64, Ordering::Relaxed);
+                        buf.extend_from_slice(&c);
+                    }
+                    Err(e) => {
+                        cut = Some(e);
+                        break;
+                    }
+                }
+            }
+            let got = buf.len() as u64;
+            if got == expected {
+                let bytes = std::mem::take(buf).freeze();
+                return Ok((info, bytes));
+            }
+            // Cut short: resume from the last byte received, within the retry budget.
+            if attempts >= max_attempts || Instant::now() >= deadline {
+                m.failed_reads.fetch_add(1, Ordering::Relaxed);
+                return Err(match cut {
+                    Some(e) => Error::Read {
+                        url: url(),
+                        range: range.start..want.end,
+                        attempts,
+                        source: Arc::new(e),
+                    },
+                    None => Error::ShortRead {
+                        url: url(),
+                        range: range.start..want.end,
+                        expected,
+                        got,
+                        attempts,
+                    },
+                });
+            }
+            m.resumes.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(url = %url(), got, expected, "body cut short; resuming");
+            tokio::time::sleep(backoff(attempts)).await;
+        }
+    }
+
+    /// Forgets cached metadata (not blocks) so the next access asks the server again.
+    pub fn forget_metadata(&self) {
+        self.inner.meta.clear();
+    }
+}
+
+/// Exponential backoff with full jitter: uniform in [0, min(2 s, 25 ms * 2^attempt)].
+fn backoff(attempt: u32) -> Duration {
+    let cap = Duration::from_millis(25u64 << attempt.min(7)).min(Duration::from_secs(2));
+    cap.mul_f64(rand::random::<f64>())
+}

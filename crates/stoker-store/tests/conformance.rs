@@ -1,0 +1,276 @@
+//! One conformance suite, run against every backend: in-process memory, local files, and the
+//! real S3-compatible test server on loopback. The same functions, the same expectations.
+
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+use stoker_store::{Error, ListOptions, Store, StoreOptions};
+use stoker_testserver::{ServerOptions, TestServer};
+
+/// A store plus the prefix the suite may write under.
+struct Fixture {
+    store: Store,
+    prefix: String,
+    _keep: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl Fixture {
+    async fn put(&self, key: &str, data: &[u8]) {
+        let full = format!("{}{key}", self.prefix);
+        self.store
+            .backend()
+            .put(
+                &Path::parse(full.as_str()).unwrap(),
+                PutPayload::from(data.to_vec()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("put {full}: {e}"));
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+}
+
+fn small_parts() -> StoreOptions {
+    // Small parts so that multi-part paths are exercised with small objects.
+    StoreOptions::default()
+        .with_part_size(64 * 1024)
+        .with_memory_limit(64 << 20)
+        .with_retries(2, Duration::from_secs(10))
+}
+
+async fn memory(name: &str) -> Fixture {
+    Fixture {
+        store: Store::open(&format!("memory://{name}"), small_parts()).unwrap(),
+        prefix: "suite/".into(),
+        _keep: None,
+    }
+}
+
+async fn local() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir
+        .path()
+        .to_str()
+        .unwrap()
+        .trim_start_matches('/')
+        .to_string();
+    Fixture {
+        store: Store::open(dir.path().to_str().unwrap(), small_parts()).unwrap(),
+        prefix: format!("{root}/suite/"),
+        _keep: Some(Box::new(dir)),
+    }
+}
+
+async fn s3() -> Fixture {
+    let server = TestServer::start(ServerOptions::new().bucket("conf"))
+        .await
+        .unwrap();
+    let opts = small_parts()
+        .with_endpoint(server.endpoint())
+        .with_credentials(server.access_key(), server.secret_key())
+        .with_region(server.region());
+    Fixture {
+        store: Store::open("s3://conf/", opts).unwrap(),
+        prefix: "suite/".into(),
+        _keep: Some(Box::new(server)),
+    }
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+async fn suite(f: Fixture) {
+    let big = pattern(300 * 1024 + 7, 1); // several parts, last one partial
+    let small = pattern(1000, 2);
+    f.put("a/big.bin", &big).await;
+    f.put("a/small.bin", &small).await;
+    f.put("a/empty.bin", b"").await;
+    f.put("b/with space.txt", b"space").await;
+    f.put("b/unicod\u{e9}-\u{65e5}\u{672c}.txt", b"unicode")
+        .await;
+    f.put("b/deeper/c.txt", b"deep").await;
+
+    // Whole objects.
+    assert_eq!(f.store.get(&f.key("a/big.bin")).await.unwrap(), big);
+    assert_eq!(f.store.get(&f.key("a/small.bin")).await.unwrap(), small);
+    assert!(f.store.get(&f.key("a/empty.bin")).await.unwrap().is_empty());
+    assert_eq!(
+        &f.store.get(&f.key("b/with space.txt")).await.unwrap()[..],
+        b"space"
+    );
+    assert_eq!(
+        &f.store
+            .get(&f.key("b/unicod\u{e9}-\u{65e5}\u{672c}.txt"))
+            .await
+            .unwrap()[..],
+        b"unicode"
+    );
+    // Second read comes from the cache and is still right.
+    assert_eq!(f.store.get(&f.key("a/big.bin")).await.unwrap(), big);
+
+    // Ranged reads at the edges.
+    let k = f.key("a/big.bin");
+    let n = big.len() as u64;
+    assert_eq!(f.store.get_range(&k, 0..1).await.unwrap(), big[..1]);
+    assert_eq!(
+        f.store.get_range(&k, n - 1..n).await.unwrap(),
+        big[big.len() - 1..]
+    );
+    assert_eq!(
+        f.store.get_range(&k, 65_530..65_540).await.unwrap(),
+        big[65_530..65_540],
+        "a range across a part boundary"
+    );
+    assert_eq!(f.store.get_range(&k, 0..n).await.unwrap(), big);
+    assert!(f.store.get_range(&k, 5..5).await.unwrap().is_empty());
+    let e = f.store.get_range(&k, n - 1..n + 1).await.unwrap_err();
+    assert!(matches!(e, Error::RangeOutOfBounds { .. }), "{e}");
+    assert!(
+        e.to_string().contains("big.bin"),
+        "error names the object: {e}"
+    );
+    let e = f
+        .store
+        .get_range(&f.key("a/empty.bin"), 0..1)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::RangeOutOfBounds { size: 0, .. }), "{e}");
+
+    // Streams and readers deliver exactly the bytes.
+    let parts: Vec<bytes::Bytes> = f
+        .store
+        .read_stream(&k, Some(1000..n - 1000))
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(parts.concat(), big[1000..big.len() - 1000]);
+    let mut r = f.store.reader(&k).await.unwrap();
+    let mut all = Vec::new();
+    loop {
+        let b = r.read(10_000).await.unwrap();
+        if b.is_empty() {
+            break;
+        }
+        all.extend_from_slice(&b);
+    }
+    assert_eq!(all, big);
+    assert_eq!(r.read_at(12_345, 100).await.unwrap(), big[12_345..12_445]);
+
+    // Missing objects: a not-found error that names the URL.
+    let e = f.store.get(&f.key("a/missing.bin")).await.unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+    assert!(e.to_string().contains("a/missing.bin"), "{e}");
+    let e = f.store.head(&f.key("a/missing.bin")).await.unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+    let e = f.store.get_range(&f.key("nope"), 0..1).await.unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+
+    // Listing: flat stream, fan-out, one level, globs.
+    let flat: Vec<String> = f
+        .store
+        .list(&f.prefix, &ListOptions::default())
+        .map_ok(|o| o.key)
+        .try_collect()
+        .await
+        .unwrap();
+    let mut want: Vec<String> = [
+        "a/big.bin",
+        "a/empty.bin",
+        "a/small.bin",
+        "b/deeper/c.txt",
+        "b/unicod\u{e9}-\u{65e5}\u{672c}.txt",
+        "b/with space.txt",
+    ]
+    .iter()
+    .map(|k| f.key(k))
+    .collect();
+    want.sort();
+    let mut flat_sorted = flat.clone();
+    flat_sorted.sort();
+    assert_eq!(flat_sorted, want);
+    let tree: Vec<String> = f
+        .store
+        .list_all(&f.prefix, &ListOptions::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert_eq!(tree, want, "fan-out listing is complete and in key order");
+    let level = f.store.list_dir(&f.key("b")).await.unwrap();
+    assert_eq!(level.prefixes, vec![f.key("b/deeper/")]);
+    assert_eq!(level.objects.len(), 2);
+    let sizes: Vec<u64> = f
+        .store
+        .list_all(&f.key("a/"), &ListOptions::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|o| o.size)
+        .collect();
+    assert_eq!(sizes, vec![big.len() as u64, 0, small.len() as u64]);
+    let txt = f
+        .store
+        .list_all(&f.prefix, &ListOptions::default().with_glob("**/*.txt"))
+        .await
+        .unwrap();
+    assert_eq!(txt.len(), 3);
+    let empty = f
+        .store
+        .list_all(&f.key("zzz/"), &ListOptions::default())
+        .await
+        .unwrap();
+    assert!(empty.is_empty());
+
+    // fetch_many yields in the order asked, including objects read before and missing ones.
+    let keys = vec![
+        f.key("a/small.bin"),
+        f.key("b/with space.txt"),
+        f.key("a/big.bin"),
+        f.key("a/empty.bin"),
+    ];
+    let got: Vec<_> = f
+        .store
+        .fetch_many(keys.clone(), Default::default())
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(got.iter().map(|o| o.key.clone()).collect::<Vec<_>>(), keys);
+    assert_eq!(got[2].bytes, big);
+    let res: Vec<_> = futures::StreamExt::collect::<Vec<_>>(f.store.fetch_many(
+        vec![f.key("a/small.bin"), f.key("a/nothing")],
+        Default::default(),
+    ))
+    .await;
+    assert!(res[0].is_ok());
+    assert!(res[1].as_ref().unwrap_err().is_not_found());
+
+    let m = f.store.metrics();
+    assert!(m.bytes_read >= big.len() as u64);
+    assert!(m.cache.hits > 0, "second reads hit the cache: {m:?}");
+    assert!(m.memory_used <= m.memory_limit);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_memory() {
+    suite(memory("conformance").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_local_files() {
+    suite(local().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_s3_server() {
+    suite(s3().await).await;
+}

@@ -1,0 +1,179 @@
+//! Raw command-line arguments. Resolution into engine options happens in
+//! [`StoreArgs::options`], so every subcommand accepts the same store flags.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use stoker_core::ByteSize;
+use stoker_store::StoreOptions;
+
+/// Stoker keeps accelerators fed: fast reads from object storage for training jobs.
+#[derive(Debug, Parser)]
+#[command(name = "stoker", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List objects under a URL (s3://bucket/prefix, gs://, az://, file paths, ...).
+    Ls(LsArgs),
+    /// Write an object (or a byte range of it) to stdout.
+    Cat(CatArgs),
+    /// Read every object under a prefix (or one object) and report throughput.
+    Bench(BenchArgs),
+    /// Generate a dataset, serve it from an embedded S3 server, and read it back.
+    Demo(DemoArgs),
+}
+
+/// Flags shared by every subcommand that opens a store.
+#[derive(Debug, Args, Clone, Default)]
+pub struct StoreArgs {
+    /// Custom S3 endpoint (MinIO, Ceph, a test server).
+    #[arg(long, env = "AWS_ENDPOINT_URL", global = true)]
+    pub endpoint: Option<String>,
+    /// Region.
+    #[arg(long, global = true)]
+    pub region: Option<String>,
+    /// Access key id (else AWS_ACCESS_KEY_ID).
+    #[arg(long, global = true)]
+    pub access_key_id: Option<String>,
+    /// Secret access key (else AWS_SECRET_ACCESS_KEY).
+    #[arg(long, global = true)]
+    pub secret_access_key: Option<String>,
+    /// Unsigned requests (public buckets).
+    #[arg(long, global = true)]
+    pub no_sign_request: bool,
+    /// Memory budget for cache and read-ahead (e.g. 4GiB). Default: a quarter of RAM.
+    #[arg(long, global = true)]
+    pub memory_limit: Option<ByteSize>,
+    /// Disk cache directory (reused by later runs).
+    #[arg(long, global = true)]
+    pub cache_dir: Option<PathBuf>,
+    /// Disk cache size.
+    #[arg(long, global = true)]
+    pub cache_size: Option<ByteSize>,
+    /// Any store option as KEY=VALUE (repeatable); see the README for the keys.
+    #[arg(short = 'o', long = "option", value_name = "KEY=VALUE", global = true)]
+    pub options: Vec<String>,
+}
+
+impl StoreArgs {
+    /// Resolves the flags into store options.
+    pub fn options(&self) -> anyhow::Result<StoreOptions> {
+        let mut o = StoreOptions::default();
+        for kv in &self.options {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("option {kv:?} is not KEY=VALUE"))?;
+            o.set(k.trim(), v.trim())?;
+        }
+        if let Some(e) = &self.endpoint {
+            if !e.is_empty() {
+                o.endpoint = Some(e.clone());
+            }
+        }
+        if let Some(r) = &self.region {
+            o.region = Some(r.clone());
+        }
+        if let Some(k) = &self.access_key_id {
+            o.access_key_id = Some(k.clone());
+        }
+        if let Some(s) = &self.secret_access_key {
+            o.secret_access_key = Some(s.clone());
+        }
+        if self.no_sign_request {
+            o.skip_signature = true;
+        }
+        if let Some(m) = self.memory_limit {
+            o.memory_limit = Some(m.bytes());
+        }
+        if let Some(d) = &self.cache_dir {
+            o.cache_dir = Some(d.clone());
+        }
+        if let Some(s) = self.cache_size {
+            o.cache_disk_bytes = s.bytes();
+        }
+        Ok(o)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// The URL to list.
+    pub url: String,
+    /// List every key below, not one level.
+    #[arg(short, long)]
+    pub recursive: bool,
+    /// Only keys matching this glob (relative to the URL), e.g. '**/*.jpg'. Implies -r.
+    #[arg(long)]
+    pub glob: Option<String>,
+    /// Show size, ETag and modification time.
+    #[arg(short, long)]
+    pub long: bool,
+    /// One JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CatArgs {
+    /// The object's URL.
+    pub url: String,
+    /// Byte range START-END (END exclusive), START- or -SUFFIX_LEN.
+    #[arg(long)]
+    pub range: Option<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// A prefix (every object under it is read) or one object.
+    pub url: String,
+    /// Requests in flight (objects for small objects, parts for large ones).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Part size for large objects.
+    #[arg(long)]
+    pub part_size: Option<ByteSize>,
+    /// Read everything this many times (later epochs show the cache).
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Only keys matching this glob.
+    #[arg(long)]
+    pub glob: Option<String>,
+    /// One JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Disable the memory cache (every epoch goes to the server).
+    #[arg(long)]
+    pub no_cache: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Small objects to generate.
+    #[arg(long, default_value_t = 1000)]
+    pub objects: usize,
+    /// Size of each small object.
+    #[arg(long, default_value = "110KiB")]
+    pub object_size: ByteSize,
+    /// Size of the one large object.
+    #[arg(long, default_value = "256MiB")]
+    pub large_size: ByteSize,
+    /// Latency the embedded server adds to each request, like a real object store.
+    #[arg(long, default_value_t = 10)]
+    pub latency_ms: u64,
+    /// Directory for the generated data (default: a temporary directory).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}

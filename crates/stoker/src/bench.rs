@@ -1,0 +1,255 @@
+//! `stoker bench`: read everything under a prefix (or one object) through the engine and
+//! report throughput, request latency and client CPU time.
+//!
+//! Small objects (up to one part) go through [`Store::fetch_many`] with many requests in
+//! flight; large objects through [`Store::read_stream`] as concurrent ranged parts. Every
+//! object's length is checked against its listed size, so a client that drops bytes cannot
+//! look fast.
+
+use std::io::IsTerminal;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use stoker_store::{FetchManyOptions, ListOptions, MetricsSnapshot, ObjectInfo, Store};
+
+use crate::args::BenchArgs;
+
+/// Figures of one pass over the objects.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpochReport {
+    pub epoch: usize,
+    pub objects: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub objects_per_s: f64,
+    pub mib_per_s: f64,
+}
+
+/// The whole run; `--json` prints this.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub url: String,
+    pub objects: u64,
+    pub bytes: u64,
+    /// Seconds of the first epoch's reads (listing excluded; see `list_seconds`).
+    pub seconds: f64,
+    pub objects_per_s: f64,
+    pub mib_per_s: f64,
+    pub list_seconds: f64,
+    pub total_seconds: f64,
+    pub cpu_seconds: f64,
+    pub latency_p50_ms: f64,
+    pub latency_p90_ms: f64,
+    pub latency_p99_ms: f64,
+    pub requests: u64,
+    pub retries: u64,
+    pub concurrency: usize,
+    pub part_size: u64,
+    pub epochs: Vec<EpochReport>,
+    pub metrics: MetricsSnapshot,
+}
+
+/// CPU seconds (user + system) used by this process so far.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes into the struct we pass.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) != 0 {
+            return 0.0;
+        }
+        let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        tv(ru.ru_utime) + tv(ru.ru_stime)
+    }
+}
+
+/// Lists the targets of a URL: every object under it, or the object it names.
+pub async fn targets(store: &Store, glob: Option<&str>) -> anyhow::Result<Vec<ObjectInfo>> {
+    let key = store.url_key().to_string();
+    let mut opts = ListOptions::default();
+    if let Some(g) = glob {
+        opts = opts.with_glob(g);
+    }
+    let listed = store.list_all(&key, &opts).await?;
+    if !listed.is_empty() {
+        return Ok(listed);
+    }
+    if key.is_empty() || key.ends_with('/') {
+        bail!("nothing to read under {}", store.object_url(&key));
+    }
+    let info = store.head(&key).await.with_context(|| {
+        format!(
+            "nothing under {} and no such object",
+            store.object_url(&key)
+        )
+    })?;
+    Ok(vec![info])
+}
+
+/// Reads every target once per epoch.
+pub async fn measure(
+    store: &Store,
+    targets: &[ObjectInfo],
+    epochs: usize,
+    progress: &ProgressBar,
+) -> anyhow::Result<Vec<EpochReport>> {
+    let ps = store.options().part_size;
+    let (small, large): (Vec<&ObjectInfo>, Vec<&ObjectInfo>) =
+        targets.iter().partition(|o| o.size <= ps);
+    let total: u64 = targets.iter().map(|o| o.size).sum();
+    let mut reports = Vec::new();
+    for epoch in 1..=epochs.max(1) {
+        progress.reset();
+        progress.set_length(total);
+        progress.set_message(format!("epoch {epoch}"));
+        let start = Instant::now();
+        let mut bytes = 0u64;
+        let mut objects = 0u64;
+        let keys: Vec<String> = small.iter().map(|o| o.key.clone()).collect();
+        let mut stream = store.fetch_many(keys, FetchManyOptions::default());
+        let mut expected = small.iter();
+        while let Some(item) = stream.next().await {
+            let item = item?;
+            let want = expected.next().expect("one result per key");
+            if item.key != want.key || item.bytes.len() as u64 != want.size {
+                bail!(
+                    "{}: got {} bytes, listed size is {}",
+                    store.object_url(&want.key),
+                    item.bytes.len(),
+                    want.size
+                );
+            }
+            bytes += item.bytes.len() as u64;
+            objects += 1;
+            progress.inc(item.bytes.len() as u64);
+        }
+        for o in &large {
+            let mut parts = store.read_stream(&o.key, None).await?;
+            let mut got = 0u64;
+            while let Some(p) = parts.next().await {
+                let p = p?;
+                got += p.len() as u64;
+                progress.inc(p.len() as u64);
+            }
+            if got != o.size {
+                bail!(
+                    "{}: got {got} bytes, size is {}",
+                    store.object_url(&o.key),
+                    o.size
+                );
+            }
+            bytes += got;
+            objects += 1;
+        }
+        let seconds = start.elapsed().as_secs_f64().max(1e-9);
+        reports.push(EpochReport {
+            epoch,
+            objects,
+            bytes,
+            seconds,
+            objects_per_s: objects as f64 / seconds,
+            mib_per_s: bytes as f64 / (1 << 20) as f64 / seconds,
+        });
+    }
+    progress.finish_and_clear();
+    Ok(reports)
+}
+
+pub fn progress_bar(hidden: bool) -> ProgressBar {
+    if hidden || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{elapsed_precise}] {wide_bar} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
+        )
+        .expect("valid template"),
+    );
+    pb
+}
+
+pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
+    let mut opts = a.store.options()?;
+    if let Some(c) = a.concurrency {
+        opts.fetch_concurrency = c.max(1);
+        opts.max_concurrency = c.max(1);
+    }
+    if let Some(p) = a.part_size {
+        opts.part_size = p.bytes().max(1);
+    }
+    if a.no_cache {
+        opts.cache_memory = Some(0);
+    }
+    let t0 = Instant::now();
+    let cpu0 = cpu_seconds();
+    let store = Store::open(&a.url, opts)?;
+    let targets = targets(&store, a.glob.as_deref()).await?;
+    let list_seconds = t0.elapsed().as_secs_f64();
+    let pb = progress_bar(a.json);
+    let epochs = measure(&store, &targets, a.epochs, &pb).await?;
+    let m = store.metrics();
+    let first = &epochs[0];
+    let o = store.options();
+    let report = BenchReport {
+        url: a.url.clone(),
+        objects: first.objects,
+        bytes: first.bytes,
+        seconds: first.seconds,
+        objects_per_s: first.objects_per_s,
+        mib_per_s: first.mib_per_s,
+        list_seconds,
+        total_seconds: t0.elapsed().as_secs_f64(),
+        cpu_seconds: cpu_seconds() - cpu0,
+        latency_p50_ms: m.latency_p50_ms,
+        latency_p90_ms: m.latency_p90_ms,
+        latency_p99_ms: m.latency_p99_ms,
+        requests: m
+            .http_requests
+            .max(m.get_requests + m.head_requests + m.list_requests),
+        retries: m.retries,
+        concurrency: if targets.iter().all(|t| t.size <= o.part_size) {
+            o.fetch_concurrency
+        } else {
+            o.max_concurrency
+        },
+        part_size: o.part_size,
+        epochs,
+        metrics: m,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+pub fn print_report(r: &BenchReport) {
+    println!("{}", r.url);
+    println!(
+        "  {} objects, {} (listed in {:.2} s)",
+        r.objects,
+        stoker_core::ByteSize(r.bytes),
+        r.list_seconds
+    );
+    for e in &r.epochs {
+        println!(
+            "  epoch {}: {:>8.2} s  {:>10.1} objects/s  {:>9.1} MiB/s",
+            e.epoch, e.seconds, e.objects_per_s, e.mib_per_s
+        );
+    }
+    println!(
+        "  latency p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms;  {} requests, {} retries",
+        r.latency_p50_ms, r.latency_p90_ms, r.latency_p99_ms, r.requests, r.retries
+    );
+    println!(
+        "  cache: {} hits, {} misses;  client CPU {:.2} s;  peak budget {}",
+        r.metrics.cache.hits,
+        r.metrics.cache.misses,
+        r.cpu_seconds,
+        stoker_core::ByteSize(r.metrics.memory_peak)
+    );
+}

@@ -1,0 +1,54 @@
+//! `stoker`: the command line.
+//!
+//! `stoker ls | cat | bench | demo` today; `mount`, `run` and `profile` join as their engines
+//! land. Raw arguments (clap structs in [`args`]) are kept apart from the resolved store
+//! configuration ([`args::StoreArgs::options`]), and every subcommand lives in its own module.
+
+mod args;
+mod bench;
+mod demo;
+mod inspect;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = args::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("STOKER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("stoker: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            args::Command::Ls(a) => inspect::ls(a).await,
+            args::Command::Cat(a) => inspect::cat(a).await,
+            args::Command::Bench(a) => bench::run(a).await,
+            args::Command::Demo(a) => demo::run(a).await,
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // A closed stdout (`stoker cat ... | head`) is not an error worth a message.
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                if io.kind() == std::io::ErrorKind::BrokenPipe {
+                    return std::process::ExitCode::SUCCESS;
+                }
+            }
+            eprintln!("stoker: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
