@@ -3,12 +3,12 @@
 #
 #   bash bench/setup.sh            # apt packages + Python venv at .venv-bench
 #   SKIP_APT=1 bash bench/setup.sh # only the venv
-#   WITH_TORCH=1 bash bench/setup.sh # also s3torchconnector + torch
+#   NO_TORCH=1 bash bench/setup.sh # skip s3torchconnector + torch (~5 GB)
 #
 # - apt: s3fs (s3fs-fuse), curl (needs --aws-sigv4, curl >= 7.75), fuse3
 # - venv /work/main/.venv-bench (in the repository root; it ignores itself
-#   through a .gitignore inside it): boto3, s3torchconnectorclient.
-#   WITH_TORCH=1 also installs s3torchconnector (pulls torch, several GB).
+#   through a .gitignore inside it): boto3, s3torchconnector (with torch and
+#   numpy), s3torchconnectorclient.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,13 +39,12 @@ fi
 # A venv inside the repository must not be committed.
 [[ -f "$VENV/.gitignore" ]] || echo '*' >"$VENV/.gitignore"
 
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
-# s3torchconnectorclient is the connector's I/O client (Rust, AWS CRT) and needs no
-# torch; the full s3torchconnector package adds the torch datasets and pulls torch
-# (several GB from PyPI), so it is opt-in.
+# s3torchconnector (Amazon's S3 connector for PyTorch) needs torch; PyPI's torch
+# wheel brings CUDA libraries (about 5 GB in all). NO_TORCH=1 installs only its
+# I/O client, s3torchconnectorclient (then only the s3torch-client contender runs).
 "$VENV/bin/python" -m pip install --quiet boto3 s3torchconnectorclient
-if [[ -n "${WITH_TORCH:-}" ]]; then
-  "$VENV/bin/python" -m pip install --quiet s3torchconnector
+if [[ -z "${NO_TORCH:-}" ]]; then
+  "$VENV/bin/python" -m pip install --quiet s3torchconnector numpy
 fi
 
 "$VENV/bin/python" - <<'EOF2'

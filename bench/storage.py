@@ -22,8 +22,9 @@ Contenders:
   ceiling     curl with SigV4: all GETs in parallel (64 in flight) from a known key list
               (no listing); the large object as 16 concurrent 8 MiB ranged GETs
   boto3       boto3 in a thread pool (32 threads; large: 8 MiB ranged GETs in 16 threads)
-  s3torch     Amazon's S3 connector for PyTorch client (32 threads; large: one GET split
-              by the client into 8 MiB parts)
+  s3torch     Amazon's S3 connector for PyTorch: S3MapDataset items read by 32 threads
+              (large: the default sequential reader, one GET split by the CRT into 8 MiB parts)
+  s3torch-client  the same through its Rust client (MountpointS3Client) alone, without torch
   s3fs        s3fs-fuse mount, default options, read by 16 threads (large: one sequential
               reader with a 16 MiB buffer)
   s3fs-tuned  the same with -o parallel_count=16,multipart_size=8
@@ -68,8 +69,8 @@ ACCESS_KEY = "stoker-test"
 SECRET_KEY = "stoker-test-secret"
 REGION = "us-east-1"
 
-CONTENDERS = ["stoker", "ceiling", "boto3", "s3torch", "s3fs", "s3fs-tuned"]
-ALIASES = {"curl": "ceiling", "s3torchconnector": "s3torch", "s3fs-fuse": "s3fs"}
+CONTENDERS = ["stoker", "ceiling", "boto3", "s3torch", "s3torch-client", "s3fs", "s3fs-tuned"]
+ALIASES = {"curl": "ceiling", "s3torchconnector": "s3torch", "s3torchconnectorclient": "s3torch-client", "s3fs-fuse": "s3fs"}
 WORKLOADS = ["small", "large"]
 
 
@@ -187,11 +188,14 @@ class ChildResult:
 _live_children: set[int] = set()
 
 
-def run_child(argv: list[str], env: dict[str, str], timeout: float, cwd: Path | None = None) -> ChildResult:
+def run_child(argv: list[str], env: dict[str, str], timeout: float) -> ChildResult:
     """Runs argv and reaps it with wait4, so its rusage is its own (not the server's)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=cwd)
+        try:
+            proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
+        except OSError as e:
+            raise ContenderError(f"cannot run {argv[0]}: {e}") from e
         _live_children.add(proc.pid)
         box: dict[str, object] = {}
 
@@ -281,12 +285,28 @@ class Server:
         self.endpoint = box["endpoint"].rstrip("/")
 
     def cpu_s(self) -> float:
-        """CPU used so far by the server (it is our child but we must not reap it)."""
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
+        """CPU used so far by the server and its descendants, from /proc (we must not reap them)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        stats: dict[int, tuple[int, float]] = {}  # pid -> (ppid, cpu seconds)
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                stats[int(d.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+            except (OSError, IndexError, ValueError):
+                continue
+        if self.proc.pid not in stats:
             return float("nan")
+        tree, total, frontier = {self.proc.pid}, 0.0, [self.proc.pid]
+        while frontier:
+            pid = frontier.pop()
+            total += stats[pid][1]
+            for child, (ppid, _cpu) in stats.items():
+                if ppid == pid and child not in tree:
+                    tree.add(child)
+                    frontier.append(child)
+        return total
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -438,7 +458,15 @@ def c_boto3(ctx: Ctx, workload: str) -> Rep:
 
 def c_s3torch(ctx: Ctx, workload: str) -> Rep:
     return _python_client(
-        ctx, ctx.venv_python, f"s3torch-{workload}", ["--endpoint", ctx.endpoint, *_s3_args(workload, 32, None)], workload
+        ctx, ctx.venv_python, f"s3torch-{workload}",
+        ["--endpoint", ctx.endpoint, "--api", "dataset", *_s3_args(workload, 32, None)], workload,
+    )
+
+
+def c_s3torch_client(ctx: Ctx, workload: str) -> Rep:
+    return _python_client(
+        ctx, ctx.venv_python, f"s3torch-{workload}",
+        ["--endpoint", ctx.endpoint, "--api", "client", *_s3_args(workload, 32, None)], workload,
     )
 
 
@@ -555,6 +583,7 @@ RUNNERS: dict[str, Callable[[Ctx, str], Rep]] = {
     "ceiling": c_ceiling,
     "boto3": c_boto3,
     "s3torch": c_s3torch,
+    "s3torch-client": c_s3torch_client,
     "s3fs": c_s3fs,
     "s3fs-tuned": c_s3fs_tuned,
 }
@@ -634,7 +663,8 @@ def table(results: list[dict]) -> str:
                 vs,
             ]
         )
-    widths = [max(len(row[i]) for row in rows if len(row) > i) for i in range(len(head))]
+    ok_rows = [row for row in rows if row[2] != "FAILED"]
+    widths = [max(len(row[i]) for row in (rows if i < 3 else ok_rows)) for i in range(len(head))]
     lines = []
     for k, row in enumerate(rows):
         if row[2] == "FAILED":
@@ -800,7 +830,11 @@ def main(argv: list[str] | None = None) -> int:
                         r = RUNNERS[c](ctx, w)
                         if r.bytes != b_exp or r.objects != n_exp:
                             raise ContenderError(f"read {r.objects} objects / {r.bytes} bytes, expected {n_exp} / {b_exp}")
-                    except ContenderError as e:
+                    except HarnessError:
+                        raise
+                    except Exception as e:  # a contender's failure, whatever it is, is reported
+                        if not isinstance(e, ContenderError):
+                            e = ContenderError(f"{type(e).__name__}: {e}")
                         errors[(c, w)] = str(e)
                         log(f"rep {rep + 1}/{a.reps} {c:10s} {w:5s} FAILED: {_tail(str(e), 400)}")
                         continue
@@ -844,16 +878,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nresults: {a.out}")
         return 0
     finally:
-        if server is not None:
-            server.stop()
+        # Interrupted mid-rep: unmount what is still mounted, then stop what still runs.
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split()[1] for line in f if line.split()[1].startswith(str(work) + "/")]
+        for mnt in mounts:
+            _unmount(Path(mnt))
         for pid in list(_live_children):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for mnt in work.glob("s3fs-*"):
-            if mnt.is_dir():
-                _unmount(mnt)
+        if server is not None:
+            server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -13,8 +13,8 @@ Usage (run with the venv's python for boto3/s3torch, any python3 for fs-*):
 
     python storage_clients.py boto3-small   --endpoint URL --bucket B --prefix P [--threads 32]
     python storage_clients.py boto3-large   --endpoint URL --bucket B --key K [--threads 16] [--part-size BYTES]
-    python storage_clients.py s3torch-small --endpoint URL --bucket B --prefix P [--threads 32]
-    python storage_clients.py s3torch-large --endpoint URL --bucket B --key K
+    python storage_clients.py s3torch-small --endpoint URL --bucket B --prefix P [--threads 32] [--api dataset|client]
+    python storage_clients.py s3torch-large --endpoint URL --bucket B --key K [--api dataset|client]
     python storage_clients.py fs-small      --dir DIR [--threads 16]
     python storage_clients.py fs-large      --file FILE [--buffer BYTES]
 
@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import resource
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,14 +40,28 @@ def _cpu_self() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def _rss_mib() -> float:
+    """Resident set size now (the process's baseline before the timed part)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
 class _Timer:
     """Marks the start of the timed part and reports at the end."""
 
     def __init__(self) -> None:
         self.startup_cpu_s = 0.0
+        self.startup_rss_mib = 0.0
         self.t0 = 0.0
 
     def start(self) -> None:
+        self.startup_rss_mib = _rss_mib()
         self.startup_cpu_s = _cpu_self()
         self.t0 = time.perf_counter()
 
@@ -58,6 +73,7 @@ class _Timer:
             "seconds": seconds,
             "startup_cpu_s": self.startup_cpu_s,
             "phase_cpu_s": _cpu_self() - self.startup_cpu_s,
+            "startup_rss_mib": self.startup_rss_mib,
         }
         out.update(extra)
         print(json.dumps(out), flush=True)
@@ -131,70 +147,85 @@ def boto3_large(a) -> None:
 
 # ---------------------------------------------------------------- s3torchconnector
 #
-# s3torchconnector's S3Client is a thin Python layer (it needs torch for its
-# datasets) over s3torchconnectorclient's MountpointS3Client, the Rust/CRT
-# client that does the I/O. We use S3Client when s3torchconnector (and so
-# torch) is installed, and otherwise the same MountpointS3Client with the same
-# settings S3Client would pass (8 MiB parts, 10 Gbps throughput target).
+# The s3torchconnector package (it needs torch) is a Python layer over
+# s3torchconnectorclient's MountpointS3Client, the Rust/AWS CRT client that does
+# the I/O. --api dataset (default) reads through the package's public
+# S3MapDataset (from_prefix / from_objects) with the default sequential S3Reader,
+# items fetched by a thread pool; --api client drives MountpointS3Client directly
+# with the settings the connector passes (8 MiB parts, 10 Gbps throughput target,
+# path style), without torch.
 
 
-def _s3torch_client(endpoint: str):
-    try:
-        from s3torchconnector import S3Client, S3ClientConfig  # needs torch
+def _drain(reader, buf: memoryview) -> int:
+    n = 0
+    while True:
+        k = reader.readinto(buf)
+        if not k:
+            return n
+        n += k
 
-        client = S3Client(_region(), endpoint=endpoint, s3client_config=S3ClientConfig(force_path_style=True))
 
-        def get_stream(bucket, key, start=None, end=None):
-            return client._get_object_stream(bucket, key, start, end)
+def _s3torch_dataset(a, uri: str, is_prefix: bool, timer: _Timer, buf_size: int):
+    """(number of items, read(i) -> bytes read, api name).
 
-        def list_stream(bucket, prefix):
-            return client.list_objects(bucket, prefix)
+    Imports and client construction happen before timer.start(); the listing after.
+    """
+    if a.api == "dataset":
+        try:
+            import s3torchconnector  # needs torch
+            from s3torchconnector import S3ClientConfig, S3MapDataset
+        except ImportError as e:
+            raise SystemExit(f"s3torchconnector unavailable ({e}): run bench/setup.sh without NO_TORCH=1")
 
-        import s3torchconnector
+        cfg = S3ClientConfig(force_path_style=True)
+        make = S3MapDataset.from_prefix if is_prefix else S3MapDataset.from_objects
+        ds = make(uri, region=_region(), endpoint=a.endpoint, s3client_config=cfg)
+        ds._get_client()  # build the client outside the timed part, like the other clients
+        timer.start()
+        n = len(ds)  # lists the prefix once (from_objects: no request)
+        local = threading.local()
 
-        return get_stream, list_stream, f"s3torchconnector.S3Client {s3torchconnector.__version__}"
-    except ImportError:
-        import s3torchconnectorclient
-        from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
+        def read(i: int) -> int:
+            buf = getattr(local, "buf", None)
+            if buf is None:
+                buf = local.buf = memoryview(bytearray(buf_size))
+            return _drain(ds[i], buf)
 
-        native = MountpointS3Client(
-            _region(),
-            endpoint=endpoint,
-            force_path_style=True,
-            throughput_target_gbps=10.0,
-            part_size=8 * MIB,
-        )
+        return n, read, f"s3torchconnector.S3MapDataset {s3torchconnector.__version__}"
 
-        def get_stream(bucket, key, start=None, end=None):
-            return native.get_object(bucket, key, start, end)
+    import s3torchconnectorclient
+    from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
 
-        def list_stream(bucket, prefix):
-            return native.list_objects(bucket, prefix)
+    native = MountpointS3Client(
+        _region(), endpoint=a.endpoint, force_path_style=True, throughput_target_gbps=10.0, part_size=8 * MIB
+    )
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    timer.start()
+    if is_prefix:
+        keys = [i.key for page in native.list_objects(bucket, key) for i in page.object_info]
+    else:
+        keys = [key]
 
-        return get_stream, list_stream, f"s3torchconnectorclient.MountpointS3Client {s3torchconnectorclient.__version__}"
+    def read(i: int) -> int:
+        return sum(len(chunk) for chunk in native.get_object(bucket, keys[i]))
+
+    return len(keys), read, f"s3torchconnectorclient.MountpointS3Client {s3torchconnectorclient.__version__}"
 
 
 def s3torch_small(a) -> None:
-    get_stream, list_stream, api = _s3torch_client(a.endpoint)
     timer = _Timer()
-    timer.start()
-    keys = [info.key for page in list_stream(a.bucket, a.prefix) for info in page.object_info]
-
-    def get(key: str) -> int:
-        return sum(len(chunk) for chunk in get_stream(a.bucket, key))
-
+    n, read, api = _s3torch_dataset(a, f"s3://{a.bucket}/{a.prefix}", True, timer, MIB)
     with ThreadPoolExecutor(a.threads) as pool:
-        total = sum(pool.map(get, keys))
-    timer.report(len(keys), total, threads=a.threads, api=api)
+        total = sum(pool.map(read, range(n)))
+    timer.report(n, total, threads=a.threads, api=api)
 
 
 def s3torch_large(a) -> None:
-    get_stream, _list, api = _s3torch_client(a.endpoint)
     timer = _Timer()
-    timer.start()
-    # One sequential GET of the whole object, as the connector's default
-    # (sequential) reader does; the CRT splits it into concurrent 8 MiB parts.
-    total = sum(len(chunk) for chunk in get_stream(a.bucket, a.key))
+    # One sequential GET of the whole object (the connector's default reader); the
+    # CRT splits it into concurrent 8 MiB parts.
+    _n, read, api = _s3torch_dataset(a, f"s3://{a.bucket}/{a.key}", False, timer, a.buffer)
+    total = read(0)
     timer.report(1, total, api=api)
 
 
@@ -259,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("--part-size", type=int, default=8 * MIB)
     p.add_argument("--buffer", type=int, default=16 * MIB)
+    p.add_argument("--api", choices=["dataset", "client"], default="dataset", help="s3torch-*: which layer")
     a = p.parse_args(argv)
     PROGRAMS[a.program](a)
 

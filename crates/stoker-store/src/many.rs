@@ -12,7 +12,8 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
-use futures::stream::{self, BoxStream, StreamExt};
+use futures::stream::{self, BoxStream, Stream, StreamExt};
+use futures::FutureExt;
 use stoker_core::Reservation;
 use tokio::task::JoinHandle;
 
@@ -68,9 +69,10 @@ struct Pending {
     _hold: Reservation,
 }
 
-struct State<I> {
+struct State {
     store: Store,
-    keys: I,
+    keys: BoxStream<'static, String>,
+    keys_done: bool,
     window: VecDeque<Pending>,
     bytes_in_flight: u64,
     concurrency: usize,
@@ -80,7 +82,7 @@ struct State<I> {
     deferred: Option<String>,
 }
 
-impl<I> Drop for State<I> {
+impl Drop for State {
     fn drop(&mut self) {
         for p in &self.window {
             p.task.abort();
@@ -102,9 +104,23 @@ impl Store {
         I: IntoIterator<Item = String>,
         I::IntoIter: Send + 'static,
     {
+        self.fetch_many_stream(stream::iter(keys), options)
+    }
+
+    /// Like [`Store::fetch_many`] with keys that arrive over time (a listing still in progress,
+    /// a sampler): fetching starts with the first key, not after the last.
+    pub fn fetch_many_stream<S>(
+        &self,
+        keys: S,
+        options: FetchManyOptions,
+    ) -> BoxStream<'static, Result<FetchedObject>>
+    where
+        S: Stream<Item = String> + Send + 'static,
+    {
         let state = State {
             store: self.clone(),
-            keys: keys.into_iter(),
+            keys: keys.boxed(),
+            keys_done: false,
             window: VecDeque::new(),
             bytes_in_flight: 0,
             concurrency: options
@@ -138,7 +154,7 @@ impl Store {
     }
 }
 
-impl<I: Iterator<Item = String>> State<I> {
+impl State {
     fn estimate(&self, key: &str) -> u64 {
         if let Some(info) = self.store.inner.meta.get(key) {
             return info.size.max(1);
@@ -154,8 +170,26 @@ impl<I: Iterator<Item = String>> State<I> {
     /// and the shared budget have room now. A key that does not fit waits in `deferred`.
     async fn top_up(&mut self) {
         while self.window.len() < self.concurrency {
-            let Some(key) = self.deferred.take().or_else(|| self.keys.next()) else {
-                break;
+            let key = match self.deferred.take() {
+                Some(k) => k,
+                None if self.keys_done => break,
+                None => {
+                    // Wait for a key only when nothing is in flight; otherwise take what has
+                    // arrived and go back to delivering.
+                    let next = if self.window.is_empty() {
+                        Some(self.keys.next().await)
+                    } else {
+                        self.keys.next().now_or_never()
+                    };
+                    match next {
+                        Some(Some(k)) => k,
+                        Some(None) => {
+                            self.keys_done = true;
+                            break;
+                        }
+                        None => break,
+                    }
+                }
             };
             let estimate = self.estimate(&key);
             let budget = &self.store.inner.budget;

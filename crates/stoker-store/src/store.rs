@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+
+use crate::pool::BufferPool;
 use futures::stream::{self, BoxStream, StreamExt};
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt};
@@ -73,6 +75,7 @@ pub(crate) struct Inner {
     pub(crate) cache: BlockCache,
     pub(crate) meta: MetaCache,
     pub(crate) metrics: Arc<Metrics>,
+    pub(crate) pool: Arc<BufferPool>,
 }
 
 impl std::fmt::Debug for Store {
@@ -126,6 +129,11 @@ impl Store {
             source: Arc::new(e),
         })?;
         let meta = MetaCache::new(options.metadata_ttl);
+        let pool = BufferPool::new(
+            options.part_size as usize,
+            options.max_concurrency + 4,
+            budget.clone(),
+        );
         Ok(Store {
             inner: Arc::new(Inner {
                 url: parsed,
@@ -135,6 +143,7 @@ impl Store {
                 cache,
                 meta,
                 metrics,
+                pool,
             }),
         })
     }
@@ -471,7 +480,7 @@ impl Store {
         let deadline = Instant::now() + self.inner.opts.retry_timeout;
         let mut etag = etag;
         let mut info = None;
-        let mut buf: Option<BytesMut> = None;
+        let mut buf: Option<Vec<u8>> = None;
         let mut want = range.clone();
         let mut attempts = 0u32;
         loop {
@@ -541,7 +550,7 @@ impl Store {
                 });
             }
             let expected = want.end - range.start;
-            let buf = buf.get_or_insert_with(|| BytesMut::with_capacity(expected as usize));
+            let buf = buf.get_or_insert_with(|| self.inner.pool.take(expected as usize));
             let mut body = res.into_stream();
             let mut cut: Option<object_store::Error> = None;
             while let Some(chunk) = body.next().await {
@@ -567,7 +576,7 @@ impl Store {
             }
             let got = buf.len() as u64;
             if got == expected {
-                let bytes = std::mem::take(buf).freeze();
+                let bytes = self.inner.pool.freeze(std::mem::take(buf));
                 return Ok((info, bytes));
             }
             // Cut short: resume from the last byte received, within the retry budget.

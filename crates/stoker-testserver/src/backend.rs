@@ -5,7 +5,7 @@
 //!
 //! * **GET and HEAD**: a key naming a directory is `NoSuchKey` (s3s-fs answers 500); the ETag
 //!   comes from a cached MD5 instead of hashing the whole file on every request (s3s-fs does,
-//!   even for a one-byte ranged GET); the body is read in 256 KiB chunks (s3s-fs uses 4 KiB);
+//!   even for a one-byte ranged GET); the body is read in 1 MiB chunks (s3s-fs uses 4 KiB);
 //!   an empty object with a suffix range is 416 (s3s-fs panics on overflow); `If-Match`,
 //!   `If-None-Match`, `If-Modified-Since` and `If-Unmodified-Since` are honoured (s3s-fs
 //!   ignores them on GET and HEAD).
@@ -15,7 +15,7 @@
 //!   parameter but sends keys raw, which breaks boto3 on keys with `+` or `%`). V1 listings
 //!   go through the fixed V2 path (s3s-fs routes them to its own, unfixed one).
 //! * **DeleteObject(s)**: deleting a key that names a directory is a no-op success (s3s-fs
-//!   answers 500); the object's sidecar files and the directories it leaves empty are removed,
+//!   answers 500, failing a whole DeleteObjects batch); the object's sidecar files and the directories it leaves empty are removed,
 //!   so a later object may take the directory's name.
 
 mod meta;
@@ -33,32 +33,33 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use s3s::dto::*;
 use s3s::{s3_error, S3Error, S3Request, S3Response, S3Result, S3};
 
-pub(crate) use meta::Md5Cache;
-pub(crate) use paths::{object_path, remove_sidecars, valid_bucket};
+pub(crate) use meta::hex;
+pub(crate) use meta::ContentEtags;
+pub(crate) use paths::{object_path, record_etag, remove_sidecars, valid_bucket, write_atomically};
 
 /// Body chunk size for GET.
-const READ_CHUNK: usize = 256 * 1024;
+const READ_CHUNK: usize = 1024 * 1024;
 
 /// The S3 implementation the server runs: s3s-fs plus fixes.
 #[derive(Debug)]
 pub(crate) struct Backend {
     fs: s3s_fs::FileSystem,
     root: PathBuf,
-    md5s: Arc<Md5Cache>,
+    etags: Arc<ContentEtags>,
 }
 
 impl Backend {
     /// Serves `root`, which must exist and be canonical.
-    pub(crate) fn new(root: PathBuf, md5s: Arc<Md5Cache>) -> anyhow::Result<Self> {
+    pub(crate) fn new(root: PathBuf, etags: Arc<ContentEtags>) -> anyhow::Result<Self> {
         let fs = s3s_fs::FileSystem::new(&root)
             .map_err(|e| anyhow::anyhow!("s3s-fs cannot serve {}: {e:?}", root.display()))?;
-        Ok(Self { fs, root, md5s })
+        Ok(Self { fs, root, etags })
     }
 
     async fn lookup(&self, bucket: &str, key: &str) -> S3Result<meta::ObjectInfo> {
         let (root, bucket, key) = (self.root.clone(), bucket.to_owned(), key.to_owned());
-        let md5s = Arc::clone(&self.md5s);
-        let res = tokio::task::spawn_blocking(move || meta::lookup(&root, &bucket, &key, &md5s))
+        let etags = Arc::clone(&self.etags);
+        let res = tokio::task::spawn_blocking(move || meta::lookup(&root, &bucket, &key, &etags))
             .await
             .map_err(S3Error::internal_error)?;
         match res {
@@ -75,7 +76,7 @@ impl Backend {
             tracing::warn!(bucket, key, error = %e, "cannot remove sidecar files");
         }
         if let Some(path) = object_path(&self.root, bucket, key) {
-            self.md5s.forget(&path);
+            self.etags.forget(&path);
             prune_empty_dirs(&self.root.join(bucket), &path);
         }
     }
@@ -83,7 +84,7 @@ impl Backend {
     /// Fills in ETags (and fresh sizes and times) for the objects of one listing page.
     async fn fill_etags(&self, bucket: &str, objects: Vec<Object>) -> S3Result<Vec<Object>> {
         let (root, bucket) = (self.root.clone(), bucket.to_owned());
-        let md5s = Arc::clone(&self.md5s);
+        let etags = Arc::clone(&self.etags);
         tokio::task::spawn_blocking(move || {
             let mut objects = objects;
             for obj in &mut objects {
@@ -97,7 +98,7 @@ impl Backend {
                 let Ok(m) = std::fs::metadata(&path) else {
                     continue;
                 };
-                if let Ok((e_tag, _)) = meta::etag_of(&root, &bucket, key, &path, &m, &md5s) {
+                if let Ok((e_tag, _)) = meta::etag_of(&root, &bucket, key, &path, &m, &etags) {
                     obj.e_tag = Some(ETag::Strong(e_tag));
                 }
                 obj.size = i64::try_from(m.len()).ok();
@@ -113,7 +114,7 @@ impl Backend {
 }
 
 /// Removes `path`'s parent directories while they are empty, stopping at `stop`.
-fn prune_empty_dirs(stop: &Path, path: &Path) {
+pub(crate) fn prune_empty_dirs(stop: &Path, path: &Path) {
     let mut dir = path.parent();
     while let Some(d) = dir {
         if d == stop || !d.starts_with(stop) || std::fs::remove_dir(d).is_err() {
@@ -410,11 +411,32 @@ impl S3 for Backend {
         req: S3Request<DeleteObjectsInput>,
     ) -> S3Result<S3Response<DeleteObjectsOutput>> {
         let bucket = req.input.bucket.clone();
-        let resp = self.fs.delete_objects(req).await?;
+        // Keys naming directories are answered here: s3s-fs would fail the whole batch.
+        let mut req = req;
+        let mut dir_keys = Vec::new();
+        req.input.delete.objects.retain(|o| {
+            let is_dir = !o.key.ends_with('/')
+                && object_path(&self.root, &bucket, &o.key).is_some_and(|p| p.is_dir());
+            if is_dir {
+                dir_keys.push(DeletedObject {
+                    key: Some(o.key.clone()),
+                    version_id: o.version_id.clone(),
+                    ..Default::default()
+                });
+            }
+            !is_dir
+        });
+        let mut resp = self.fs.delete_objects(req).await?;
         for deleted in resp.output.deleted.iter().flatten() {
             if let Some(key) = deleted.key.as_deref() {
                 self.after_delete(&bucket, key);
             }
+        }
+        if !dir_keys.is_empty() {
+            resp.output
+                .deleted
+                .get_or_insert_with(Vec::new)
+                .extend(dir_keys);
         }
         Ok(resp)
     }

@@ -25,7 +25,7 @@
 //! and GET return; ETags come from a cache keyed by (path, modification time, size) instead
 //! of hashing the whole file on every request, so ranged reads of big objects and listings of
 //! many keys stay cheap; conditional GET/HEAD headers are honoured; `encoding-type=url`
-//! listings are encoded; GET bodies stream in 256 KiB chunks. Ranged GETs answer 206 with a
+//! listings are encoded; GET bodies stream in 1 MiB chunks. Ranged GETs answer 206 with a
 //! `Content-Range`, a range past the end `416 InvalidRange`. The ETag rule is s3s-fs's own:
 //! the ETag recorded when the object was uploaded through S3 (so multipart ETags survive),
 //! else the hex MD5 of the content; a record older than the file is ignored as stale.

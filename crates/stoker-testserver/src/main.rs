@@ -43,6 +43,10 @@ struct Cli {
     /// Bucket to create at start (repeatable).
     #[arg(long = "bucket")]
     buckets: Vec<String>,
+    /// Derive the ETags of files placed in the root directly from their size and modification
+    /// time instead of hashing their content (for large benchmark data sets).
+    #[arg(long)]
+    fast_etags: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -72,7 +76,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .access_key(cli.access_key)
         .secret_key(cli.secret_key)
         .region(cli.region)
-        .buckets(cli.buckets);
+        .buckets(cli.buckets)
+        .fast_etags(cli.fast_etags);
     if let Some(root) = cli.root {
         opts = opts.root(root);
     }

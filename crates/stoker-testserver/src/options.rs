@@ -49,6 +49,13 @@ pub struct ServerOptions {
     pub region: String,
     /// Buckets created at start (existing ones are kept).
     pub buckets: Vec<String>,
+    /// How to name the version of an object that was placed in the root directly (not
+    /// uploaded through S3 or [`TestServer::put_object`](crate::TestServer::put_object),
+    /// which record an MD5 ETag). `false` (the default): the hex MD5 of its content, as S3
+    /// would have it, computed on first use and cached. `true`: a digest of its size and
+    /// modification time, so that no file is read just to answer HEAD, GET or a listing; for
+    /// benchmarks over large data sets written straight into the root.
+    pub fast_etags: bool,
 }
 
 impl Default for ServerOptions {
@@ -62,6 +69,7 @@ impl Default for ServerOptions {
             secret_key: DEFAULT_SECRET_KEY.to_owned(),
             region: DEFAULT_REGION.to_owned(),
             buckets: Vec::new(),
+            fast_etags: false,
         }
     }
 }
@@ -125,6 +133,14 @@ impl ServerOptions {
     #[must_use]
     pub fn bucket(mut self, name: impl Into<String>) -> Self {
         self.buckets.push(name.into());
+        self
+    }
+
+    /// Chooses metadata-derived ETags for objects placed in the root directly
+    /// (see [`fast_etags`](Self::fast_etags)).
+    #[must_use]
+    pub fn fast_etags(mut self, fast: bool) -> Self {
+        self.fast_etags = fast;
         self
     }
 

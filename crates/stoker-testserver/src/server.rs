@@ -3,10 +3,8 @@
 mod control;
 mod layer;
 
-use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,12 +12,13 @@ use anyhow::{bail, Context as _};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use s3s::auth::SimpleAuth;
+use s3s::crypto::{Checksum, Md5};
 use s3s::service::S3ServiceBuilder;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
-use crate::backend::{self, Backend, Md5Cache};
+use crate::backend::{self, Backend, ContentEtags};
 use crate::fault::FaultInjector;
 use crate::options::ServerOptions;
 use layer::{Layer, Shared};
@@ -51,7 +50,7 @@ pub struct TestServer {
     secret_key: String,
     region: String,
     shared: Arc<Shared>,
-    md5s: Arc<Md5Cache>,
+    etags: Arc<ContentEtags>,
     runner: Runner,
     /// Dropped after the server has stopped (see `Drop`).
     _temp_root: Option<tempfile::TempDir>,
@@ -239,15 +238,14 @@ impl TestServer {
     }
 
     /// Stores an object by writing its file directly under the root (creating the bucket
-    /// and parent directories as needed), atomically replacing any previous version. Its
-    /// ETag is then the hex MD5 of `data`, as for a single-part S3 upload. Keys may contain
-    /// `/`, spaces and any Unicode.
+    /// and parent directories as needed), atomically replacing any previous version, and
+    /// records its ETag, the hex MD5 of `data`, as a single-part S3 upload would. Keys may
+    /// contain `/`, spaces and any Unicode.
     ///
     /// # Errors
     /// The bucket name or key is invalid (empty, ending in `/`, containing `..`), a parent
     /// path is an existing object, or the file cannot be written.
     pub fn put_object(&self, bucket: &str, key: &str, data: &[u8]) -> anyhow::Result<()> {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
         if key.ends_with('/') {
             bail!("object key {key:?} ends with '/'");
         }
@@ -257,28 +255,15 @@ impl TestServer {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;
         }
-        // Written next to the buckets (never inside one, where it would be listed), then
-        // renamed into place so readers see either the old or the new content.
-        let tmp = self.root.join(format!(
-            ".stoker-put-{}-{}.tmp",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(data)?;
-            f.flush()
-        };
-        if let Err(e) = write() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e).with_context(|| format!("writing {}", tmp.display()));
-        }
+        // Old sidecars go first; the new record is written after the file, so it is never
+        // older than the file (an older one is ignored as stale).
         backend::remove_sidecars(&self.root, bucket, key)?;
-        if let Err(e) = std::fs::rename(&tmp, &path) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e).with_context(|| format!("moving the object to {}", path.display()));
-        }
-        self.md5s.forget(&path);
+        backend::write_atomically(&self.root, &path, data)
+            .with_context(|| format!("writing {}", path.display()))?;
+        self.etags.forget(&path);
+        let md5 = backend::hex(&<Md5 as Checksum>::checksum(data));
+        backend::record_etag(&self.root, bucket, key, &md5)
+            .with_context(|| format!("recording the ETag of {bucket}/{key}"))?;
         Ok(())
     }
 
@@ -295,15 +280,8 @@ impl TestServer {
             Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
         }
         backend::remove_sidecars(&self.root, bucket, key)?;
-        self.md5s.forget(&path);
-        let bucket_dir = self.root.join(bucket);
-        let mut dir = path.parent();
-        while let Some(d) = dir {
-            if d == bucket_dir || std::fs::remove_dir(d).is_err() {
-                break;
-            }
-            dir = d.parent();
-        }
+        self.etags.forget(&path);
+        backend::prune_empty_dirs(&self.root.join(bucket), &path);
         Ok(())
     }
 
@@ -372,8 +350,8 @@ fn prepare(opts: ServerOptions) -> anyhow::Result<Prepared> {
         create_bucket_dir(&root, bucket)?;
     }
 
-    let md5s = Arc::new(Md5Cache::default());
-    let backend = Backend::new(root.clone(), Arc::clone(&md5s))?;
+    let etags = Arc::new(ContentEtags::new(opts.fast_etags));
+    let backend = Backend::new(root.clone(), Arc::clone(&etags))?;
     let s3 = {
         let mut b = S3ServiceBuilder::new(backend);
         b.set_auth(SimpleAuth::from_single(
@@ -404,7 +382,7 @@ fn prepare(opts: ServerOptions) -> anyhow::Result<Prepared> {
         secret_key: opts.secret_key,
         region: opts.region,
         shared,
-        md5s,
+        etags,
         runner: Runner::Stopped,
         _temp_root: temp_root,
     };

@@ -140,7 +140,8 @@ pub struct BenchArgs {
     /// Part size for large objects.
     #[arg(long)]
     pub part_size: Option<ByteSize>,
-    /// Read everything this many times (later epochs show the cache).
+    /// Read everything this many times (later epochs show the cache). With one epoch the
+    /// memory cache is off unless `-o cache_memory=SIZE` or `--cache-dir` asks for it.
     #[arg(long, default_value_t = 1)]
     pub epochs: usize,
     /// Only keys matching this glob.

@@ -34,11 +34,15 @@ pub struct BenchReport {
     pub url: String,
     pub objects: u64,
     pub bytes: u64,
-    /// Seconds of the first epoch's reads (listing excluded; see `list_seconds`).
+    /// Seconds of the first epoch, from the first request to the last byte: for a prefix this
+    /// includes the listing, which runs at the same time as the reads; for one object it
+    /// excludes the lookup (see `list_seconds`).
     pub seconds: f64,
     pub objects_per_s: f64,
     pub mib_per_s: f64,
     pub list_seconds: f64,
+    /// Seconds to set up the client (credentials, TLS, cache).
+    pub open_seconds: f64,
     pub total_seconds: f64,
     pub cpu_seconds: f64,
     pub latency_p50_ms: f64,
@@ -48,6 +52,8 @@ pub struct BenchReport {
     pub retries: u64,
     pub concurrency: usize,
     pub part_size: u64,
+    /// Bytes the memory cache could use (0: off, the default for a single pass).
+    pub cache_memory: u64,
     pub epochs: Vec<EpochReport>,
     pub metrics: MetricsSnapshot,
 }
@@ -157,6 +163,94 @@ pub async fn measure(
     Ok(reports)
 }
 
+/// The first epoch of a prefix, with listing and reading overlapped: small objects are fetched
+/// as soon as their listing page arrives. Returns the epoch's figures and everything listed
+/// (for later epochs). `None` when the prefix lists nothing (the URL may name one object).
+pub async fn first_epoch_streaming(
+    store: &Store,
+    glob: Option<&str>,
+    progress: &ProgressBar,
+) -> anyhow::Result<Option<(EpochReport, Vec<ObjectInfo>)>> {
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+    let ps = store.options().part_size;
+    let mut opts = ListOptions::default();
+    if let Some(g) = glob {
+        opts = opts.with_glob(g);
+    }
+    let prefix = store.url_key().to_string();
+    let mut listing = store.list(&prefix, &opts);
+    let expected: Arc<Mutex<VecDeque<ObjectInfo>>> = Arc::default();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let exp = expected.clone();
+    let lister = tokio::spawn(async move {
+        let mut all = Vec::new();
+        while let Some(o) = listing.next().await {
+            let o = o?;
+            if o.size <= ps {
+                exp.lock().expect("not poisoned").push_back(o.clone());
+                let _ = tx.send(o.key.clone());
+            }
+            all.push(o);
+        }
+        Ok::<_, stoker_store::Error>(all)
+    });
+    let keys = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|k| (k, rx)) });
+    progress.set_message("epoch 1");
+    let start = Instant::now();
+    let mut stream = store.fetch_many_stream(keys, FetchManyOptions::default());
+    let (mut bytes, mut objects) = (0u64, 0u64);
+    while let Some(item) = stream.next().await {
+        let item = item?;
+        let want = expected
+            .lock()
+            .expect("not poisoned")
+            .pop_front()
+            .expect("one listed object per result");
+        if item.key != want.key || item.bytes.len() as u64 != want.size {
+            bail!(
+                "{}: got {} bytes, listed size is {}",
+                store.object_url(&want.key),
+                item.bytes.len(),
+                want.size
+            );
+        }
+        bytes += want.size;
+        objects += 1;
+        progress.inc(want.size);
+    }
+    let all = lister.await??;
+    if all.is_empty() {
+        return Ok(None);
+    }
+    for o in all.iter().filter(|o| o.size > ps) {
+        let mut parts = store.read_stream(&o.key, None).await?;
+        let mut got = 0u64;
+        while let Some(p) = parts.next().await {
+            let p = p?;
+            got += p.len() as u64;
+            progress.inc(p.len() as u64);
+        }
+        if got != o.size {
+            bail!("{}: got {got} bytes, size is {}", store.object_url(&o.key), o.size);
+        }
+        bytes += got;
+        objects += 1;
+    }
+    let seconds = start.elapsed().as_secs_f64().max(1e-9);
+    Ok(Some((
+        EpochReport {
+            epoch: 1,
+            objects,
+            bytes,
+            seconds,
+            objects_per_s: objects as f64 / seconds,
+            mib_per_s: bytes as f64 / (1 << 20) as f64 / seconds,
+        },
+        all,
+    )))
+}
+
 pub fn progress_bar(hidden: bool) -> ProgressBar {
     if hidden || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
@@ -180,16 +274,40 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     if let Some(p) = a.part_size {
         opts.part_size = p.bytes().max(1);
     }
-    if a.no_cache {
+    // One pass re-reads nothing, so filling the memory cache would be pure cost (fresh pages
+    // for every byte read). Cache when there is a later epoch, or when asked with
+    // `-o cache_memory=...` / `--cache-dir`.
+    let single_pass = a.epochs <= 1 && opts.cache_memory.is_none() && opts.cache_dir.is_none();
+    if a.no_cache || single_pass {
         opts.cache_memory = Some(0);
     }
     let t0 = Instant::now();
     let cpu0 = cpu_seconds();
     let store = Store::open(&a.url, opts)?;
-    let targets = targets(&store, a.glob.as_deref()).await?;
-    let list_seconds = t0.elapsed().as_secs_f64();
     let pb = progress_bar(a.json);
-    let epochs = measure(&store, &targets, a.epochs, &pb).await?;
+    let open_seconds = t0.elapsed().as_secs_f64();
+    // A prefix: list and read at once. Otherwise (one object), look it up first.
+    let (targets, mut epochs, list_seconds) =
+        match first_epoch_streaming(&store, a.glob.as_deref(), &pb).await? {
+            Some((first, listed)) => {
+                let mut epochs = vec![first];
+                if a.epochs > 1 {
+                    for mut e in measure(&store, &listed, a.epochs - 1, &pb).await? {
+                        e.epoch += 1;
+                        epochs.push(e);
+                    }
+                }
+                (listed, epochs, 0.0)
+            }
+            None => {
+                let targets = targets(&store, a.glob.as_deref()).await?;
+                let list_seconds = t0.elapsed().as_secs_f64() - open_seconds;
+                let epochs = measure(&store, &targets, a.epochs, &pb).await?;
+                (targets, epochs, list_seconds)
+            }
+        };
+    pb.finish_and_clear();
+    epochs.sort_by_key(|e| e.epoch);
     let m = store.metrics();
     let first = &epochs[0];
     let o = store.options();
@@ -201,6 +319,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         objects_per_s: first.objects_per_s,
         mib_per_s: first.mib_per_s,
         list_seconds,
+        open_seconds,
         total_seconds: t0.elapsed().as_secs_f64(),
         cpu_seconds: cpu_seconds() - cpu0,
         latency_p50_ms: m.latency_p50_ms,
@@ -216,6 +335,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             o.max_concurrency
         },
         part_size: o.part_size,
+        cache_memory: m.cache.memory_capacity,
         epochs,
         metrics: m,
     };

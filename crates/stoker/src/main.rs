@@ -11,6 +11,12 @@ mod inspect;
 
 use clap::Parser;
 
+/// mimalloc instead of glibc malloc: the read path allocates and frees many part-sized buffers
+/// from many threads; glibc's arenas serialise on a lock and return memory to the kernel only
+/// to fault it back in (measured: see docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = args::Cli::parse();
     tracing_subscriber::fmt()

@@ -363,9 +363,15 @@ impl Shared {
             };
             match job {
                 Job::Write { key, hash, data } => {
-                    if let Err(e) = self.write(&key, hash, &data) {
+                    // A panic here must not stop the writer (flushes would wait forever).
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.write(&key, hash, &data)
+                    }));
+                    if !matches!(result, Ok(Ok(()))) {
                         self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(error = %e, "disk cache write failed");
+                        if let Ok(Err(e)) = result {
+                            tracing::debug!(error = %e, "disk cache write failed");
+                        }
                     }
                 }
                 Job::Flush(done) => {

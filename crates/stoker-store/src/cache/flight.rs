@@ -27,10 +27,13 @@ pub(crate) type Outcome = Result<Bytes, Arc<dyn Any + Send + Sync>>;
 
 type Slot = Option<Outcome>;
 
+/// key -> (flight id, a receiver followers clone).
+type FlightMap = Arc<Mutex<HashMap<BlockKey, (u64, watch::Receiver<Slot>)>>>;
+
 /// The flights in progress.
 #[derive(Debug, Default)]
 pub(crate) struct Flights {
-    map: Arc<Mutex<HashMap<BlockKey, (u64, watch::Receiver<Slot>)>>>,
+    map: FlightMap,
     next_id: AtomicU64,
 }
 
@@ -77,7 +80,7 @@ pub(crate) async fn wait(mut rx: watch::Receiver<Slot>) -> Option<Outcome> {
 
 /// The leader's guard: publishes the outcome, or on drop abandons the flight.
 pub(crate) struct Leader {
-    map: Arc<Mutex<HashMap<BlockKey, (u64, watch::Receiver<Slot>)>>>,
+    map: FlightMap,
     key: BlockKey,
     id: u64,
     tx: Option<watch::Sender<Slot>>,

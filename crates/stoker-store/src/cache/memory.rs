@@ -37,6 +37,15 @@ pub(crate) struct InsertReport {
     pub garbage: Vec<Bytes>,
 }
 
+/// What a reclaim gave back.
+#[derive(Debug, Default)]
+pub(crate) struct Reclaimed {
+    /// Budget bytes released.
+    pub bytes: u64,
+    /// The evicted blocks' data (one per block), to drop after the lock is released.
+    pub garbage: Vec<Bytes>,
+}
+
 /// The memory tier. Not synchronised: the cache wraps it in one mutex.
 #[derive(Debug)]
 pub(crate) struct MemoryTier {
@@ -148,12 +157,32 @@ impl MemoryTier {
         report
     }
 
+    /// Gives budget back on request (the cache's reclaimer): evicts the coldest blocks (see
+    /// [`Policy::evict_coldest`]) until at least `want` bytes of reservations are released or
+    /// the tier is empty. Returns the bytes released and the blocks evicted, whose data the
+    /// caller drops after releasing the lock.
+    pub fn reclaim(&mut self, want: u64) -> Reclaimed {
+        let mut out = Reclaimed::default();
+        while out.bytes < want {
+            let Some((k, slot)) = self.policy.evict_coldest() else {
+                break;
+            };
+            if let Some(r) = slot.reservation {
+                out.bytes += r.bytes();
+                self.forget_version(&k);
+                // Dropping `r` gives its bytes back to the budget (and wakes its waiters).
+            }
+            out.garbage.push(slot.data);
+        }
+        out
+    }
+
     /// Drops every block of `object` whose version is not `current`; returns their data.
     pub fn invalidate_other_versions(&mut self, object: &str, current: &str) -> Vec<Bytes> {
-        let stale = match self.versions.get(object) {
-            Some(vs) if vs.iter().any(|(v, _)| &**v != current) => true,
-            _ => false,
-        };
+        let stale = self
+            .versions
+            .get(object)
+            .is_some_and(|vs| vs.iter().any(|(v, _)| &**v != current));
         if !stale {
             return Vec::new();
         }
@@ -262,6 +291,30 @@ mod tests {
         drop(r);
         drop(t);
         assert_eq!(budget.used(), 0, "every reservation is given back");
+    }
+
+    #[test]
+    fn reclaim_gives_back_at_least_what_is_asked_coldest_first() {
+        let budget = MemoryBudget::new(10_000);
+        let mut t = MemoryTier::new(10_000);
+        for b in 0..10 {
+            assert!(put(&mut t, &key("s3://b/o", "v", b), 1000, &budget).stored);
+        }
+        assert_eq!(budget.used(), 10_000);
+        let r = t.reclaim(2500);
+        assert_eq!(r.bytes, 3000, "whole blocks, at least what was asked");
+        assert_eq!(r.garbage.len(), 3);
+        assert_eq!(budget.used(), 7000);
+        assert_eq!(t.bytes(), 7000);
+        t.check_invariants();
+        // The newest block is among the last to go.
+        assert!(t.peek(&key("s3://b/o", "v", 9)).is_some());
+        let r = t.reclaim(u64::MAX);
+        assert_eq!(r.bytes, 7000);
+        assert_eq!(t.entries(), 0);
+        assert_eq!(budget.used(), 0);
+        t.check_invariants();
+        assert_eq!(t.reclaim(1).bytes, 0, "nothing left to give");
     }
 
     #[test]

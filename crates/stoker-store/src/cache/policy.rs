@@ -179,7 +179,9 @@ impl<K: Hash + Eq + Clone, V> Policy<K, V> {
             return out;
         }
         self.max_weight = self.max_weight.max(weight);
-        self.sketch.ensure_capacity(self.map.len() + 1);
+        if self.map.len() + 1 > self.sketch.width {
+            self.grow_sketch(self.map.len() + 1);
+        }
         let idx = self.alloc(key.clone(), value, hash, weight);
         self.map.insert(key, idx);
         self.push_back(idx, Queue::Window);
@@ -203,6 +205,32 @@ impl<K: Hash + Eq + Clone, V> Policy<K, V> {
         }
         out.stored = self.nodes[idx].entry.is_some();
         out
+    }
+
+    /// Evicts the coldest entry, for giving memory back under pressure (nothing is being
+    /// inserted): probation's LRU end first (main-space entries not requested again since
+    /// they got in), then the window's LRU end (new entries seen about once; the newest, which
+    /// may be a block being read in pieces, go last), then protected's LRU end (entries
+    /// requested again, the ones worth keeping). `None` when empty.
+    pub fn evict_coldest(&mut self) -> Option<(K, V)> {
+        let victim = [Queue::Probation, Queue::Window, Queue::Protected]
+            .into_iter()
+            .map(|q| self.lists[q as usize].head)
+            .find(|&i| i != NIL)?;
+        self.evict(victim)
+    }
+
+    /// Replaces the sketch by one sized for `entries` (twice that many counters per row;
+    /// sizing follows the entry count because entry sizes vary), carrying over the estimates
+    /// of the resident entries so that growing does not make them look cold.
+    fn grow_sketch(&mut self, entries: usize) {
+        let mut grown = FrequencySketch::new(entries.saturating_mul(2));
+        for node in &self.nodes {
+            if node.entry.is_some() {
+                grown.raise_to(node.hash, self.sketch.estimate(node.hash));
+            }
+        }
+        self.sketch = grown;
     }
 
     /// Bytes reserved for the window: 1% of the capacity, but room for two of the largest
@@ -236,12 +264,10 @@ impl<K: Hash + Eq + Clone, V> Policy<K, V> {
         let freq = self.sketch.estimate(self.nodes[candidate].hash);
         let mut freed = 0u64;
         let mut admit = false;
-        let mut blocker = NIL;
         'scan: for q in [Queue::Probation, Queue::Protected] {
             let mut i = self.lists[q as usize].head;
             while i != NIL {
                 if self.sketch.estimate(self.nodes[i].hash).saturating_add(2) > freq {
-                    blocker = i;
                     break 'scan;
                 }
                 freed += self.nodes[i].weight;
@@ -265,14 +291,6 @@ impl<K: Hash + Eq + Clone, V> Policy<K, V> {
             }
             self.push_back(candidate, Queue::Probation);
         } else {
-            // The resident that stopped the candidate moves to probation's MRU end, so that
-            // one resident whose estimate is inflated by sketch collisions cannot sit at the
-            // head and turn away every later candidate. It is not evicted, and its neighbours
-            // only get compared sooner, so this costs the resident set nothing.
-            if blocker != NIL && self.nodes[blocker].queue == Queue::Probation {
-                self.unlink(blocker);
-                self.push_back(blocker, Queue::Probation);
-            }
             let key = self.nodes[candidate].entry.as_ref().map(|(k, _)| k.clone());
             if let Some(key) = key {
                 self.map.remove(&key);
@@ -416,77 +434,123 @@ impl<K: Hash + Eq + Clone, V> Policy<K, V> {
     }
 }
 
-/// A count-min sketch of 4-bit counters (four rows), with periodic halving ("aging") so that
-/// the estimates follow the recent past: after `10 x width` increments every counter is
-/// halved. Increments are conservative (only the counters at the current minimum grow), which
-/// reduces the overestimate from collisions.
+/// A count-min sketch of 4-bit counters (four rows) behind a "doorkeeper" Bloom filter, with
+/// periodic halving ("aging") so that the estimates follow the recent past.
+///
+/// * The doorkeeper absorbs each key's first request of a sample period: only keys requested
+///   again reach the counters. A one-off scan of cold blocks thus sets Bloom bits instead of
+///   filling the counters with collision noise that would make cold keys look popular.
+/// * Increments are conservative (only the counters at the current minimum grow), which also
+///   reduces the overestimate from collisions.
+/// * After `10 x width` requests every counter is halved and the doorkeeper cleared.
 #[derive(Debug)]
 pub(crate) struct FrequencySketch {
     /// `ROWS` rows of `width` counters, 16 counters per word.
     table: Vec<u64>,
     width: usize,
+    /// Bloom filter bits (`DOOR_HASHES` probes per key), about 8 bits per request of a period.
+    door: Vec<u64>,
     additions: u64,
     sample_size: u64,
 }
 
 const ROWS: usize = 4;
-const ROW_SEEDS: [u64; ROWS] = [
+const DOOR_HASHES: usize = 3;
+const SEEDS: [u64; ROWS + DOOR_HASHES] = [
     0x9e37_79b9_7f4a_7c15,
     0xc2b2_ae3d_27d4_eb4f,
     0x1656_67b1_9e37_79f9,
     0x27d4_eb2f_1656_67c5,
+    0x85eb_ca77_c2b2_ae63,
+    0xff51_afd7_ed55_8ccd,
+    0xc4ce_b9fe_1a85_ec53,
 ];
 
 impl FrequencySketch {
     fn new(entries: usize) -> Self {
         let width = entries.max(16).next_power_of_two();
+        let sample_size = 10 * width as u64;
+        let door_bits = (sample_size as usize * 8).next_power_of_two();
         FrequencySketch {
             table: vec![0; ROWS * width / 16],
             width,
+            door: vec![0; door_bits / 64],
             additions: 0,
-            sample_size: 10 * width as u64,
+            sample_size,
         }
     }
 
-    /// Grows (and clears) the sketch when the cache holds more entries than it has counters
-    /// per row; sizing follows the entry count because entry sizes vary.
-    fn ensure_capacity(&mut self, entries: usize) {
-        if entries > self.width {
-            *self = FrequencySketch::new(entries.saturating_mul(2));
+    /// Sets the estimate of `hash` to at least `freq` (when carrying residents over into a
+    /// larger sketch).
+    fn raise_to(&mut self, hash: u64, freq: u8) {
+        if freq == 0 {
+            return;
+        }
+        for (w, b) in self.door_bits(hash) {
+            self.door[w] |= b;
+        }
+        let count = u64::from(freq - 1).min(15);
+        for r in 0..ROWS {
+            let (w, s) = self.slot(hash, r);
+            if (self.table[w] >> s) & 0xf < count {
+                self.table[w] = (self.table[w] & !(0xf << s)) | (count << s);
+            }
         }
     }
 
     #[inline]
     fn slot(&self, hash: u64, row: usize) -> (usize, u32) {
-        let h = super::mix64(hash ^ ROW_SEEDS[row]);
+        let h = super::mix64(hash ^ SEEDS[row]);
         let idx = (h as usize) & (self.width - 1);
         (row * self.width / 16 + idx / 16, ((idx % 16) * 4) as u32)
     }
 
-    /// The estimated recent frequency of `hash`, 0..=15.
+    #[inline]
+    fn door_bits(&self, hash: u64) -> [(usize, u64); DOOR_HASHES] {
+        let mask = self.door.len() * 64 - 1;
+        std::array::from_fn(|i| {
+            let bit = (super::mix64(hash ^ SEEDS[ROWS + i]) as usize) & mask;
+            (bit / 64, 1u64 << (bit % 64))
+        })
+    }
+
+    fn in_door(&self, hash: u64) -> bool {
+        self.door_bits(hash)
+            .iter()
+            .all(|&(w, b)| self.door[w] & b != 0)
+    }
+
+    /// The estimated recent frequency of `hash`, 0..=16.
     pub fn estimate(&self, hash: u64) -> u8 {
-        (0..ROWS)
+        let counted = (0..ROWS)
             .map(|r| {
                 let (w, s) = self.slot(hash, r);
                 ((self.table[w] >> s) & 0xf) as u8
             })
             .min()
-            .unwrap_or(0)
+            .unwrap_or(0);
+        counted + self.in_door(hash) as u8
     }
 
     /// Counts one request for `hash`.
     pub fn increment(&mut self, hash: u64) {
-        let slots: [(usize, u32); ROWS] = std::array::from_fn(|r| self.slot(hash, r));
-        let min = slots
-            .iter()
-            .map(|&(w, s)| (self.table[w] >> s) & 0xf)
-            .min()
-            .unwrap_or(0);
-        if min < 15 {
-            for (w, s) in slots {
-                if (self.table[w] >> s) & 0xf == min {
-                    self.table[w] += 1 << s;
+        if self.in_door(hash) {
+            let slots: [(usize, u32); ROWS] = std::array::from_fn(|r| self.slot(hash, r));
+            let min = slots
+                .iter()
+                .map(|&(w, s)| (self.table[w] >> s) & 0xf)
+                .min()
+                .unwrap_or(0);
+            if min < 15 {
+                for (w, s) in slots {
+                    if (self.table[w] >> s) & 0xf == min {
+                        self.table[w] += 1 << s;
+                    }
                 }
+            }
+        } else {
+            for (w, b) in self.door_bits(hash) {
+                self.door[w] |= b;
             }
         }
         self.additions += 1;
@@ -494,6 +558,7 @@ impl FrequencySketch {
             for word in &mut self.table {
                 *word = (*word >> 1) & 0x7777_7777_7777_7777;
             }
+            self.door.fill(0);
             self.additions /= 2;
         }
     }
@@ -582,6 +647,46 @@ mod tests {
             "shuffled epochs, dataset = 4x cache: W-TinyLFU {ours:.3}, LRU {lru:.3} (ideal 0.25)"
         );
         assert!(ours >= 0.2, "hit ratio {ours}");
+    }
+
+    /// Shuffled epochs over a dataset of mixed block sizes (110 KB images and 8 MiB parts,
+    /// half the bytes each) twice the cache: the byte hit ratio stays near one half too.
+    #[test]
+    fn mixed_sizes_shuffled_epochs() {
+        let cap: u64 = 1 << 30;
+        let mut items: Vec<(u64, u64)> = Vec::new();
+        let mut bytes = 0;
+        let mut k = 0;
+        while bytes < 2 * cap {
+            let w = if k % 2 == 0 { 8 << 20 } else { 110_000 };
+            let n = if w == 8 << 20 { 1 } else { 76 };
+            for _ in 0..n {
+                items.push((k, w));
+                k += 1;
+                bytes += w;
+            }
+        }
+        let mut p = Policy::<u64, ()>::new(cap);
+        let mut lru = Lru::new(cap);
+        let mut rng = StdRng::seed_from_u64(5);
+        let (mut hit_bytes, mut lru_bytes, mut total) = (0u64, 0u64, 0u64);
+        for e in 0..10 {
+            items.shuffle(&mut rng);
+            for &(k, w) in &items {
+                let hit = request(&mut p, k, w);
+                let lru_hit = lru.access(k, w);
+                if e >= 4 {
+                    hit_bytes += if hit { w } else { 0 };
+                    lru_bytes += if lru_hit { w } else { 0 };
+                    total += w;
+                }
+            }
+        }
+        p.check_invariants();
+        let ours = hit_bytes as f64 / total as f64;
+        let lru = lru_bytes as f64 / total as f64;
+        println!("mixed sizes, shuffled, dataset = 2x cache: byte hit ratio W-TinyLFU {ours:.3}, LRU {lru:.3}");
+        assert!(ours >= 0.40, "byte hit ratio {ours}");
     }
 
     #[test]
@@ -684,6 +789,31 @@ mod tests {
             }
         }
         p.check_invariants();
+    }
+
+    #[test]
+    fn evict_coldest_takes_probation_then_window_then_protected() {
+        let mut p = Policy::<u64, ()>::new(100_000);
+        // 1..=3 reach probation, then 1 is hit again (protected); the newest small ones stay in
+        // the window.
+        for k in 1..=3 {
+            request(&mut p, k, 10_000);
+        }
+        for k in 100..140 {
+            request(&mut p, k, 100); // push 1..=3 out of the (small) window
+        }
+        p.access(&1, h(1), true);
+        let mut order = Vec::new();
+        while let Some((k, ())) = p.evict_coldest() {
+            order.push(k);
+            p.check_invariants();
+        }
+        assert_eq!(p.weight(), 0);
+        assert_eq!(p.len(), 0);
+        let pos = |k: u64| order.iter().position(|&x| x == k).unwrap();
+        // Probation (2, 3) before the window's newest (139), protected (1) last.
+        assert!(pos(2) < pos(139) && pos(3) < pos(139), "{order:?}");
+        assert_eq!(*order.last().unwrap(), 1, "{order:?}");
     }
 
     #[test]

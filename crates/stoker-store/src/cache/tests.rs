@@ -148,6 +148,8 @@ enum Op {
     Insert(u64, u64, u64),
     Get(u64, u64, u64),
     Hold(u64),
+    /// A waiting reservation (`MemoryBudget::reserve`) that fits beside the held ones.
+    Wait(u64),
     Release,
     Invalidate(u64, u64),
 }
@@ -158,6 +160,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         4 => (0u64..6, 0u64..3, 0u64..4).prop_map(|(o, v, b)| Op::Insert(o, v, b)),
         3 => (0u64..6, 0u64..3, 0u64..4).prop_map(|(o, v, b)| Op::Get(o, v, b)),
         1 => (0u64..20_000).prop_map(Op::Hold),
+        1 => (0u64..30_000).prop_map(Op::Wait),
         1 => Just(Op::Release),
         1 => (0u64..6, 0u64..3).prop_map(|(o, v)| Op::Invalidate(o, v)),
     ]
@@ -196,6 +199,18 @@ proptest::proptest! {
                         held.push(r);
                     }
                 }
+                Op::Wait(n) => {
+                    let external: u64 = held.iter().map(|r| r.bytes()).sum();
+                    if n.min(limit) + external <= limit {
+                        // The cache must give way at once: no one else would free anything.
+                        let before = cache.stats().memory_bytes;
+                        let r = futures::FutureExt::now_or_never(budget.reserve(n));
+                        let r = r.expect("the cache yields its memory to a waiting reserve");
+                        let s = cache.stats();
+                        proptest::prop_assert!(before - s.memory_bytes <= s.reclaimed_bytes);
+                        held.push(r);
+                    }
+                }
                 Op::Release => {
                     held.pop();
                 }
@@ -215,6 +230,134 @@ proptest::proptest! {
         drop(cache);
         proptest::prop_assert_eq!(budget.used(), 0);
     }
+}
+
+#[tokio::test]
+async fn a_full_cache_yields_to_a_waiting_reserve() {
+    const N: u64 = 100_000;
+    let budget = MemoryBudget::new(N);
+    let cache = memory_cache(N, &budget);
+    // Fill the whole budget with cached blocks, hot ones (read again) and cold ones.
+    for b in 0..100 {
+        let k = key(1, 0, b);
+        cache.get_memory(&k);
+        cache.insert(k.clone(), content(&k, 1000));
+    }
+    for b in 0..10 {
+        assert!(cache.get(&key(1, 0, b)).await.is_some());
+    }
+    assert_eq!(cache.stats().memory_bytes, N);
+    assert_eq!(budget.available(), 0);
+    let held = tokio::time::timeout(Duration::from_secs(10), budget.reserve(N / 2))
+        .await
+        .expect("a waiting reserve must not wait for a cache that holds the budget");
+    assert_eq!(held.bytes(), N / 2);
+    let s = cache.stats();
+    assert_eq!(s.reclaimed, 50, "gave back just what was asked, in whole blocks");
+    assert_eq!(s.reclaimed_bytes, N / 2);
+    assert!(s.evictions >= s.reclaimed);
+    assert_eq!(s.memory_bytes, N / 2);
+    cache.check_invariants();
+    // The blocks read again (protected) were kept; the cold ones went.
+    for b in 0..10 {
+        assert!(cache.get_memory(&key(1, 0, b)).is_some(), "hot block {b} was given up");
+    }
+    // Everything, if asked (an oversized request is clamped to the whole budget).
+    drop(held);
+    let all = tokio::time::timeout(Duration::from_secs(10), budget.reserve(2 * N))
+        .await
+        .expect("the cache gives up all it holds");
+    assert_eq!(all.bytes(), N);
+    assert_eq!(cache.stats().memory_entries, 0);
+    cache.check_invariants();
+}
+
+#[tokio::test]
+async fn the_budget_does_not_keep_a_dropped_cache_alive() {
+    let budget = MemoryBudget::new(10_000);
+    let cache = memory_cache(10_000, &budget);
+    let k = key(1, 0, 0);
+    cache.insert(k.clone(), content(&k, 4000));
+    assert_eq!(budget.used(), 4000);
+    drop(cache);
+    assert_eq!(budget.used(), 0, "the cache and its reservations are gone");
+    // Its reclaimer is dead: a waiting reserve neither panics nor finds anything to take.
+    let r = budget.reserve(10_000).await;
+    assert_eq!(r.bytes(), 10_000);
+    // A disabled memory tier registers nothing, and two caches share one budget.
+    let a = memory_cache(0, &budget);
+    let b = memory_cache(6_000, &budget);
+    let c = memory_cache(6_000, &budget);
+    drop(r);
+    for i in 0..5 {
+        let kb = key(2, 0, i);
+        b.insert(kb.clone(), content(&kb, 1000));
+        let kc = key(3, 0, i);
+        c.insert(kc.clone(), content(&kc, 1000));
+    }
+    assert_eq!(budget.used(), 10_000);
+    let r = tokio::time::timeout(Duration::from_secs(10), budget.reserve(10_000))
+        .await
+        .expect("both caches give way");
+    assert_eq!(r.bytes(), 10_000);
+    assert_eq!(b.stats().memory_bytes + c.stats().memory_bytes, 0);
+    assert_eq!(a.stats().reclaimed, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_waiting_for_budget_finish_while_the_cache_keeps_inserting() {
+    // Readers that wait for budget (as read-ahead does) race writers filling the cache from
+    // other threads: every reader must finish, and the budget is never exceeded.
+    let budget = MemoryBudget::new(64_000);
+    let cache = memory_cache(48_000, &budget);
+    for i in 0..48 {
+        let k = key(9, 0, i);
+        cache.insert(k.clone(), content(&k, 1000));
+    }
+    assert_eq!(cache.stats().memory_bytes, 48_000, "the cache starts full");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..1)
+        .map(|w| {
+            let (cache, stop) = (cache.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = key(10 + w, 0, i % 500);
+                    cache.get_memory(&k);
+                    cache.insert(k.clone(), content(&k, 1 + (i % 3000) as usize));
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..6u64)
+        .map(|r| {
+            let budget = budget.clone();
+            tokio::spawn(async move {
+                for j in 0..200u64 {
+                    // 8 KB to 24 KB each, while only 16 KB are outside the full cache.
+                    let held = budget.reserve(8000 + (r * 977 + j * 131) % 16_000).await;
+                    assert!(budget.used() <= budget.limit());
+                    tokio::task::yield_now().await;
+                    drop(held);
+                }
+            })
+        })
+        .collect();
+    let done = tokio::time::timeout(Duration::from_secs(60), async {
+        for r in readers {
+            r.await.unwrap();
+        }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    done.expect("every reader got its budget");
+    assert!(budget.peak() <= budget.limit());
+    assert!(cache.stats().reclaimed > 0);
+    cache.check_invariants();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,7 +490,7 @@ async fn a_cancelled_leader_does_not_hang_its_followers() {
 
     // The same with the leader's future dropped by a timeout rather than a task abort.
     let k = key(9, 0, 1);
-    let slow = cache.get_or_fetch(k.clone(), || pending::<Result<Bytes, String>>());
+    let slow = cache.get_or_fetch(k.clone(), pending::<Result<Bytes, String>>);
     let follower = {
         let (cache, k) = (cache.clone(), k.clone());
         tokio::spawn(async move {

@@ -8,7 +8,10 @@
 //!   behind s3s-fs's back (a test writing into the root directly) and the recorded ETag
 //!   describes bytes that are gone;
 //! * the MD5 of content is cached by (path, modification time, size), so a ranged GET on a
-//!   large object, or a listing of ten thousand keys, does not hash whole files each time.
+//!   large object, or a listing of ten thousand keys, does not hash whole files each time;
+//! * in *fast* mode (for benchmarks over large data sets written straight into the root) an
+//!   object without a sidecar gets an ETag derived from its size and modification time, so
+//!   no file is read just to name its version.
 //!
 //! Everything here is blocking file I/O; callers run it on tokio's blocking pool.
 
@@ -85,25 +88,42 @@ struct CachedMd5 {
     md5_hex: String,
 }
 
-/// Content MD5s by file, valid while the file's modification time and size are unchanged.
+/// ETags of objects without a sidecar: content MD5s cached by file, valid while the file's
+/// modification time and size are unchanged, or (fast mode) a digest of those two.
 #[derive(Debug, Default)]
-pub(crate) struct Md5Cache {
+pub(crate) struct ContentEtags {
+    fast: bool,
     map: Mutex<HashMap<PathBuf, CachedMd5>>,
 }
 
 /// Past this many entries the cache starts over rather than grow without bound.
 const MD5_CACHE_MAX: usize = 200_000;
 
-impl Md5Cache {
+impl ContentEtags {
+    /// Content MD5s, or with `fast`, digests of size and modification time.
+    pub(crate) fn new(fast: bool) -> Self {
+        Self {
+            fast,
+            map: Mutex::default(),
+        }
+    }
+
     /// Drops what is known about `path` (its content was just replaced).
     pub(crate) fn forget(&self, path: &Path) {
         self.map.lock().remove(path);
     }
 
-    /// The hex MD5 of the file at `path`, whose current metadata is `meta`.
-    pub(crate) fn md5_hex(&self, path: &Path, meta: &Metadata) -> io::Result<String> {
+    /// The ETag value for the file at `path`, whose current metadata is `meta`: the hex MD5
+    /// of its content, or in fast mode of its size and modification time.
+    pub(crate) fn content_etag(&self, path: &Path, meta: &Metadata) -> io::Result<String> {
         let modified = meta.modified()?;
         let size = meta.len();
+        if self.fast {
+            let nanos = modified
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            return Ok(hex(&Md5::checksum(format!("{size}:{nanos}").as_bytes())));
+        }
         if let Some(hit) = self.map.lock().get(path) {
             if hit.modified == modified && hit.size == size {
                 return Ok(hit.md5_hex.clone());
@@ -184,13 +204,13 @@ pub(crate) fn etag_of(
     key: &str,
     path: &Path,
     meta: &Metadata,
-    md5s: &Md5Cache,
+    etags: &ContentEtags,
 ) -> io::Result<(String, Option<InternalInfo>)> {
     let info = load_internal_info(root, bucket, key, meta.modified()?)?;
     if let Some(e_tag) = info.as_ref().and_then(|i| i.e_tag.clone()) {
         return Ok((e_tag, info));
     }
-    Ok((md5s.md5_hex(path, meta)?, info))
+    Ok((etags.content_etag(path, meta)?, info))
 }
 
 fn is_missing(e: &io::Error) -> bool {
@@ -209,7 +229,7 @@ pub(crate) fn lookup(
     root: &Path,
     bucket: &str,
     key: &str,
-    md5s: &Md5Cache,
+    etags: &ContentEtags,
 ) -> Result<ObjectInfo, LookupError> {
     let bucket_missing = || match std::fs::metadata(root.join(bucket)) {
         Ok(m) if m.is_dir() => LookupError::NoSuchKey,
@@ -230,7 +250,7 @@ pub(crate) fn lookup(
     if !meta.is_file() {
         return Err(LookupError::NoSuchKey);
     }
-    let (e_tag, info) = etag_of(root, bucket, key, &path, &meta, md5s).map_err(LookupError::Io)?;
+    let (e_tag, info) = etag_of(root, bucket, key, &path, &meta, etags).map_err(LookupError::Io)?;
     let attributes = read_json::<Attributes>(&paths::attributes_path(root, bucket, key))
         .map_err(LookupError::Io)?
         .map(|(a, _)| a);
@@ -253,24 +273,40 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, b"hello").unwrap();
-        let cache = Md5Cache::default();
+        let cache = ContentEtags::new(false);
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(
-            cache.md5_hex(&path, &meta).unwrap(),
+            cache.content_etag(&path, &meta).unwrap(),
             "5d41402abc4b2a76b9719d911017c592"
         );
         assert_eq!(cache.map.lock().len(), 1);
         std::fs::write(&path, b"hello, world").unwrap();
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(
-            cache.md5_hex(&path, &meta).unwrap(),
+            cache.content_etag(&path, &meta).unwrap(),
             hex(&Md5::checksum(b"hello, world"))
         );
         std::fs::write(&path, b"").unwrap();
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(
-            cache.md5_hex(&path, &meta).unwrap(),
+            cache.content_etag(&path, &meta).unwrap(),
             "d41d8cd98f00b204e9800998ecf8427e"
         );
+    }
+
+    #[test]
+    fn fast_etags_follow_metadata_without_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"hello").unwrap();
+        let fast = ContentEtags::new(true);
+        let meta = std::fs::metadata(&path).unwrap();
+        let a = fast.content_etag(&path, &meta).unwrap();
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, "5d41402abc4b2a76b9719d911017c592");
+        assert_eq!(fast.content_etag(&path, &meta).unwrap(), a);
+        std::fs::write(&path, b"hello!").unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_ne!(fast.content_etag(&path, &meta).unwrap(), a);
     }
 }

@@ -6,6 +6,7 @@
 //! user metadata), where `B` and `K` are the bucket and key in unpadded URL-safe base64.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Whether `name` can be a bucket directory: one plain path component.
 pub(crate) fn valid_bucket(name: &str) -> bool {
@@ -74,6 +75,41 @@ pub(crate) fn internal_info_path(root: &Path, bucket: &str, key: &str) -> PathBu
 /// s3s-fs's attributes sidecar (content type, user metadata) for an object.
 pub(crate) fn attributes_path(root: &Path, bucket: &str, key: &str) -> PathBuf {
     sidecar(root, bucket, key, "metadata.json")
+}
+
+/// A fresh temporary file name directly in `root`: next to the buckets, never inside one
+/// (where s3s-fs would list it), and on the same file system so it can be renamed into place.
+pub(crate) fn temp_path(root: &Path) -> PathBuf {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    root.join(format!(".stoker-testserver-{}-{n}.tmp", std::process::id()))
+}
+
+/// Writes `data` to `dest` atomically, through a temporary file in `root`.
+pub(crate) fn write_atomically(root: &Path, dest: &Path, data: &[u8]) -> std::io::Result<()> {
+    let tmp = temp_path(root);
+    let res = std::fs::write(&tmp, data).and_then(|()| std::fs::rename(&tmp, dest));
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// Records `e_tag` (unquoted) as an object's ETag in the internal-info sidecar, as s3s-fs
+/// does when an object is uploaded, replacing any attributes sidecar.
+pub(crate) fn record_etag(
+    root: &Path,
+    bucket: &str,
+    key: &str,
+    e_tag: &str,
+) -> std::io::Result<()> {
+    remove_sidecars(root, bucket, key)?;
+    let json = serde_json::json!({ "e_tag": e_tag }).to_string();
+    write_atomically(
+        root,
+        &internal_info_path(root, bucket, key),
+        json.as_bytes(),
+    )
 }
 
 /// Removes both sidecars of an object, ignoring ones that do not exist.

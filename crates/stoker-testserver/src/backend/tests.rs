@@ -9,7 +9,7 @@ use s3s::crypto::{Checksum as _, Md5};
 use s3s::service::{S3Service, S3ServiceBuilder};
 
 use super::meta::hex;
-use super::{Backend, Md5Cache};
+use super::{Backend, ContentEtags};
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -28,7 +28,7 @@ impl Fixture {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap();
         std::fs::create_dir(root.join("bkt")).unwrap();
-        let backend = Backend::new(root.clone(), Arc::new(Md5Cache::default())).unwrap();
+        let backend = Backend::new(root.clone(), Arc::new(ContentEtags::new(false))).unwrap();
         let s3 = S3ServiceBuilder::new(backend).build();
         Self {
             _dir: dir,

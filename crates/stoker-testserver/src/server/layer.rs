@@ -178,13 +178,21 @@ pub(crate) fn error_response(status: u16, code: &str, resource: &str) -> Respons
 struct ShortBody {
     inner: s3s::Body,
     remaining: u64,
+    /// Started once the last byte is handed over: hyper buffers writes, and failing the body
+    /// at once would discard the buffered headers and bytes instead of sending them. Waiting
+    /// lets hyper flush them before the connection is aborted.
+    linger: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// How long a cut-short body waits, after its last byte, before aborting the connection.
+const SHORT_BODY_LINGER: Duration = Duration::from_millis(20);
 
 impl ShortBody {
     fn new(inner: s3s::Body, after_bytes: u64) -> Self {
         Self {
             inner,
             remaining: after_bytes,
+            linger: None,
         }
     }
 }
@@ -198,6 +206,12 @@ impl http_body::Body for ShortBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, StdError>>> {
         if self.remaining == 0 {
+            let linger = self
+                .linger
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(SHORT_BODY_LINGER)));
+            if linger.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
             return Poll::Ready(Some(Err(Box::new(InjectedFault("short body")))));
         }
         let frame = match Pin::new(&mut self.inner).poll_frame(cx) {

@@ -14,13 +14,24 @@ fn prints_endpoint_serves_and_stops_on_sigterm() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_stoker-testserver"))
         .arg("--root")
         .arg(&root)
-        .args(["--port", "0", "--latency-ms", "0", "--bucket", "alpha", "--bucket", "beta"])
+        .args([
+            "--port",
+            "0",
+            "--latency-ms",
+            "0",
+            "--bucket",
+            "alpha",
+            "--bucket",
+            "beta",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     let endpoint = line
         .trim_end()
         .strip_prefix("STOKER_TESTSERVER_ENDPOINT=")
@@ -32,9 +43,16 @@ fn prints_endpoint_serves_and_stops_on_sigterm() {
     let stats = raw(addr, "GET", "/__stoker/stats");
     assert_eq!(stats.status, 200);
     assert!(stats.text().contains(r#""requests":0"#), "{}", stats.text());
-    assert_eq!(raw(addr, "GET", "/alpha/x").status, 403, "unsigned S3 requests are refused");
+    assert_eq!(
+        raw(addr, "GET", "/alpha/x").status,
+        403,
+        "unsigned S3 requests are refused"
+    );
 
-    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {

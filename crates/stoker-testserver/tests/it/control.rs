@@ -16,7 +16,11 @@ fn server() -> TestServer {
 fn injected_status_has_an_s3_error_body() {
     let server = server();
     let addr = server.addr();
-    let r = raw(addr, "POST", "/__stoker/fault?kind=status&status=503&code=SlowDown&method=GET&path=obj");
+    let r = raw(
+        addr,
+        "POST",
+        "/__stoker/fault?kind=status&status=503&code=SlowDown&method=GET&path=obj",
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.text().contains(r#""pending":1"#), "{}", r.text());
 
@@ -30,7 +34,10 @@ fn injected_status_has_an_s3_error_body() {
 
     let stats = raw(addr, "GET", "/__stoker/stats");
     assert_eq!(stats.status, 200);
-    assert_eq!(stats.header("content-type").as_deref(), Some("application/json"));
+    assert_eq!(
+        stats.header("content-type").as_deref(),
+        Some("application/json")
+    );
     let text = stats.text();
     assert!(text.starts_with(r#"{"requests":2,"faults":1,"#), "{text}");
     assert_eq!(server.requests(), 2);
@@ -43,17 +50,27 @@ fn reset_short_and_delay() {
 
     assert_eq!(raw(addr, "POST", "/__stoker/fault?kind=reset").status, 200);
     let r = raw(addr, "GET", "/data/obj");
-    assert_eq!((r.status, r.body.len()), (0, 0), "nothing at all is answered");
+    assert_eq!(
+        (r.status, r.body.len()),
+        (0, 0),
+        "nothing at all is answered"
+    );
 
     // The body of whatever the server answers is cut after 5 bytes.
-    assert_eq!(raw(addr, "POST", "/__stoker/fault?kind=short&after=5").status, 200);
+    assert_eq!(
+        raw(addr, "POST", "/__stoker/fault?kind=short&after=5").status,
+        200
+    );
     let r = raw(addr, "GET", "/data/obj");
     assert_ne!(r.status, 0);
     let declared: usize = r.header("content-length").unwrap().parse().unwrap();
     assert_eq!(r.body.len(), 5);
     assert!(declared > 5);
 
-    assert_eq!(raw(addr, "POST", "/__stoker/fault?kind=delay&ms=200").status, 200);
+    assert_eq!(
+        raw(addr, "POST", "/__stoker/fault?kind=delay&ms=200").status,
+        200
+    );
     let t = Instant::now();
     assert_eq!(raw(addr, "GET", "/data/obj").status, 403);
     assert!(t.elapsed() >= Duration::from_millis(200));

@@ -9,7 +9,9 @@ use stoker_testserver::{Fault, FaultRule, ServerOptions, TestServer};
 use crate::support::{pattern, store};
 
 async fn server_with(key: &str, data: &[u8]) -> TestServer {
-    let server = TestServer::start(ServerOptions::new().bucket("data")).await.unwrap();
+    let server = TestServer::start(ServerOptions::new().bucket("data"))
+        .await
+        .unwrap();
     server.put_object("data", key, data).unwrap();
     server
 }
@@ -38,16 +40,23 @@ async fn error_status_is_seen_then_clears() {
     let server = server_with("obj", b"payload").await;
     let s = store(&server, "data");
     let path = Path::from("obj");
-    let rule = FaultRule::new(Fault::slow_down()).method("GET").path_contains("obj");
+    let rule = FaultRule::new(Fault::slow_down())
+        .method("GET")
+        .path_contains("obj");
     server.faults().add(rule);
-    server.faults().add(FaultRule::new(Fault::internal_error()).method("GET"));
+    server
+        .faults()
+        .add(FaultRule::new(Fault::internal_error()).method("GET"));
     // HEAD does not match either rule.
     s.head(&path).await.unwrap();
     let err = s.get(&path).await.unwrap_err().to_string();
     assert!(err.contains("503"), "{err}");
     let err = s.get(&path).await.unwrap_err().to_string();
     assert!(err.contains("500"), "{err}");
-    assert_eq!(s.get(&path).await.unwrap().bytes().await.unwrap(), "payload");
+    assert_eq!(
+        s.get(&path).await.unwrap().bytes().await.unwrap(),
+        "payload"
+    );
     assert_eq!(server.faults().hits(), 2);
     assert_eq!(server.faults().pending(), 0);
 }
@@ -61,7 +70,10 @@ async fn reset_fails_the_request() {
     server.faults().add(FaultRule::new(Fault::Reset).times(2));
     assert!(s.get(&path).await.is_err());
     assert!(s.head(&path).await.is_err());
-    assert_eq!(s.get(&path).await.unwrap().bytes().await.unwrap(), "payload");
+    assert_eq!(
+        s.get(&path).await.unwrap().bytes().await.unwrap(),
+        "payload"
+    );
     assert_eq!(server.faults().hits(), 2);
 }
 
@@ -71,7 +83,9 @@ async fn short_body_is_cut_off() {
     let server = server_with("big", &data).await;
     let s = store(&server, "data");
     let path = Path::from("big");
-    server.faults().add(FaultRule::new(Fault::ShortBody { after_bytes: 1000 }).method("GET"));
+    server
+        .faults()
+        .add(FaultRule::new(Fault::ShortBody { after_bytes: 1000 }).method("GET"));
     match s.get(&path).await {
         Err(_) => {}
         Ok(res) => {
@@ -94,7 +108,10 @@ async fn delay_slows_the_first_byte() {
     let delay = Duration::from_millis(250);
     server.faults().add(FaultRule::new(Fault::Delay(delay)));
     let t = Instant::now();
-    assert_eq!(s.get(&path).await.unwrap().bytes().await.unwrap(), "payload");
+    assert_eq!(
+        s.get(&path).await.unwrap().bytes().await.unwrap(),
+        "payload"
+    );
     assert!(t.elapsed() >= delay, "{:?}", t.elapsed());
     let t = Instant::now();
     s.get(&path).await.unwrap();
@@ -107,14 +124,28 @@ fn blocking_server_serves_other_runtimes_and_stops_on_drop() {
     server.put_object("data", "k", b"v").unwrap();
     let root = server.root().to_owned();
     let addr = server.addr();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let s = store(&server, "data");
-        assert_eq!(s.get(&Path::from("k")).await.unwrap().bytes().await.unwrap(), "v");
+        assert_eq!(
+            s.get(&Path::from("k"))
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap(),
+            "v"
+        );
     });
     assert_eq!(server.requests(), 1);
     assert!(root.join("data/k").is_file());
     drop(server);
     assert!(!root.exists(), "the temporary root is deleted");
-    assert!(std::net::TcpStream::connect(addr).is_err(), "the listener is closed");
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "the listener is closed"
+    );
 }

@@ -13,14 +13,20 @@ use stoker_testserver::TestServer;
 pub fn store(server: &TestServer, bucket: &str) -> AmazonS3 {
     AmazonS3Builder::new()
         .with_endpoint(server.endpoint())
-        .with_allow_http(true)
         .with_virtual_hosted_style_request(false)
         .with_bucket_name(bucket)
         .with_access_key_id(server.access_key())
         .with_secret_access_key(server.secret_key())
         .with_region(server.region())
-        .with_client_options(ClientOptions::new().with_timeout(Duration::from_secs(10)))
-        .with_retry(RetryConfig { max_retries: 0, ..Default::default() })
+        .with_client_options(
+            ClientOptions::new()
+                .with_allow_http(true)
+                .with_timeout(Duration::from_secs(10)),
+        )
+        .with_retry(RetryConfig {
+            max_retries: 0,
+            ..Default::default()
+        })
         .build()
         .expect("building the S3 client")
 }
@@ -54,7 +60,9 @@ impl Raw {
     pub fn header(&self, name: &str) -> Option<String> {
         self.headers.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_owned())
         })
     }
 }
@@ -77,9 +85,21 @@ pub fn raw(addr: SocketAddr, method: &str, path: &str) -> Raw {
         }
     }
     let Some(split) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return Raw { status: 0, headers: String::new(), body: buf };
+        return Raw {
+            status: 0,
+            headers: String::new(),
+            body: buf,
+        };
     };
     let head = String::from_utf8_lossy(&buf[..split]).into_owned();
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    Raw { status, headers: head, body: buf[split + 4..].to_vec() }
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    Raw {
+        status,
+        headers: head,
+        body: buf[split + 4..].to_vec(),
+    }
 }
