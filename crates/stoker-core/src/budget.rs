@@ -162,7 +162,7 @@ impl MemoryBudget {
                 return r;
             }
             let shortfall = want.saturating_sub(self.available());
-            if shortfall > 0 && false && self.reclaim(shortfall) > 0 {
+            if shortfall > 0 && self.reclaim(shortfall) > 0 {
                 if let Some(r) = self.try_reserve(want) {
                     return r;
                 }
@@ -333,6 +333,7 @@ mod tests {
 
     /// A reclaimer over reservations held in a list (standing in for a cache): gives back the
     /// oldest ones until `want` bytes are freed; records what it was asked.
+    #[allow(clippy::type_complexity)]
     fn holder(
         held: Vec<Reservation>,
     ) -> (
@@ -396,7 +397,11 @@ mod tests {
             .expect("both reclaimers together cover the shortfall");
         assert_eq!(r.bytes(), 60);
         assert!(h1.lock().is_empty() && h2.lock().is_empty());
-        assert_eq!(b.inner.reclaimers.lock().len(), 2, "the dead entry is pruned");
+        assert_eq!(
+            b.inner.reclaimers.lock().len(),
+            2,
+            "the dead entry is pruned"
+        );
     }
 
     #[tokio::test]

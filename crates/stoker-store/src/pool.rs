@@ -58,7 +58,9 @@ impl BufferPool {
 
     fn give_back(&self, mut buf: Vec<u8>) {
         let mut idle = self.idle.lock();
-        if idle.len() >= self.max_idle {
+        // (A reservation larger than the whole budget is clamped, which must not let an idle
+        // buffer past a budget too small for it.)
+        if idle.len() >= self.max_idle || buf.capacity() as u64 > self.budget.limit() {
             return;
         }
         if let Some(hold) = self.budget.try_reserve(buf.capacity() as u64) {

@@ -195,7 +195,8 @@ pub async fn first_epoch_streaming(
         }
         Ok::<_, stoker_store::Error>(all)
     });
-    let keys = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|k| (k, rx)) });
+    let keys =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|k| (k, rx)) });
     progress.set_message("epoch 1");
     let start = Instant::now();
     let mut stream = store.fetch_many_stream(keys, FetchManyOptions::default());
@@ -232,7 +233,11 @@ pub async fn first_epoch_streaming(
             progress.inc(p.len() as u64);
         }
         if got != o.size {
-            bail!("{}: got {got} bytes, size is {}", store.object_url(&o.key), o.size);
+            bail!(
+                "{}: got {got} bytes, size is {}",
+                store.object_url(&o.key),
+                o.size
+            );
         }
         bytes += got;
         objects += 1;

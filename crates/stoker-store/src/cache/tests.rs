@@ -253,14 +253,20 @@ async fn a_full_cache_yields_to_a_waiting_reserve() {
         .expect("a waiting reserve must not wait for a cache that holds the budget");
     assert_eq!(held.bytes(), N / 2);
     let s = cache.stats();
-    assert_eq!(s.reclaimed, 50, "gave back just what was asked, in whole blocks");
+    assert_eq!(
+        s.reclaimed, 50,
+        "gave back just what was asked, in whole blocks"
+    );
     assert_eq!(s.reclaimed_bytes, N / 2);
     assert!(s.evictions >= s.reclaimed);
     assert_eq!(s.memory_bytes, N / 2);
     cache.check_invariants();
     // The blocks read again (protected) were kept; the cold ones went.
     for b in 0..10 {
-        assert!(cache.get_memory(&key(1, 0, b)).is_some(), "hot block {b} was given up");
+        assert!(
+            cache.get_memory(&key(1, 0, b)).is_some(),
+            "hot block {b} was given up"
+        );
     }
     // Everything, if asked (an oversized request is clamped to the whole budget).
     drop(held);
