@@ -20,16 +20,34 @@ pub(crate) struct BufferPool {
     budget: MemoryBudget,
     idle: Mutex<Vec<(Vec<u8>, Reservation)>>,
     this: Weak<BufferPool>,
+    _reclaimer: Arc<dyn Fn(u64) -> u64 + Send + Sync>,
 }
 
 impl BufferPool {
     pub(crate) fn new(size: usize, max_idle: usize, budget: MemoryBudget) -> Arc<Self> {
-        Arc::new_cyclic(|this| BufferPool {
-            size,
-            max_idle,
-            budget,
-            idle: Mutex::new(Vec::new()),
-            this: this.clone(),
+        Arc::new_cyclic(|this: &Weak<BufferPool>| {
+            let me = this.clone();
+            let r: Arc<dyn Fn(u64) -> u64 + Send + Sync> = Arc::new(move |want: u64| {
+                let Some(pool) = me.upgrade() else { return 0 };
+                let mut freed = 0;
+                let mut idle = pool.idle.lock();
+                while freed < want {
+                    match idle.pop() {
+                        Some((_buf, hold)) => freed += hold.bytes(),
+                        None => break,
+                    }
+                }
+                freed
+            });
+            budget.add_reclaimer(Arc::downgrade(&r));
+            BufferPool {
+                size,
+                max_idle,
+                budget,
+                idle: Mutex::new(Vec::new()),
+                this: this.clone(),
+                _reclaimer: r,
+            }
         })
     }
 

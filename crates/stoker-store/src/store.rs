@@ -412,15 +412,27 @@ impl Store {
         let last = (range.end - 1) / ps;
         let this = self.clone();
         let info = Arc::new(info);
+        let budget = self.inner.budget.clone();
+        let size = info.size;
         stream::iter(first..=last)
-            .map(move |b| {
+            // Budget is taken in part order, one part at a time: a part only waits for budget
+            // when every part before it already holds its own, so the oldest part never waits
+            // behind younger ones (no hold-and-wait).
+            .then(move |b| {
+                let budget = budget.clone();
+                async move {
+                    let base = b * ps;
+                    let end = (base + ps).min(size);
+                    (b, budget.reserve(end - base).await)
+                }
+            })
+            .map(move |(b, hold)| {
                 let this = this.clone();
                 let info = info.clone();
                 let range = range.clone();
                 async move {
                     let base = b * ps;
                     let end = (base + ps).min(info.size);
-                    let hold = this.inner.budget.reserve(end - base).await;
                     let block = this.block(&info, b).await?;
                     let lo = range.start.max(base) - base;
                     let hi = range.end.min(end) - base;
