@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use crate::pool::BufferPool;
-use futures::stream::{self, BoxStream, StreamExt};
+use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt};
 use serde::Serialize;
-use stoker_core::{MemoryBudget, Reservation};
+use stoker_core::MemoryBudget;
 
 use crate::cache::{BlockCache, BlockKey, CacheOptions};
 use crate::error::{Error, Result};
@@ -76,6 +76,8 @@ pub(crate) struct Inner {
     pub(crate) meta: MetaCache,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) pool: Arc<BufferPool>,
+    /// False when the cache can keep nothing (no memory, no disk): streams then skip it.
+    pub(crate) cache_enabled: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -129,6 +131,7 @@ impl Store {
             source: Arc::new(e),
         })?;
         let meta = MetaCache::new(options.metadata_ttl);
+        let cache_enabled = cache_memory > 0 || options.cache_dir.is_some();
         let pool = BufferPool::new(
             options.part_size as usize,
             options.max_concurrency + 4,
@@ -144,6 +147,7 @@ impl Store {
                 meta,
                 metrics,
                 pool,
+                cache_enabled,
             }),
         })
     }
@@ -433,14 +437,28 @@ impl Store {
                 async move {
                     let base = b * ps;
                     let end = (base + ps).min(info.size);
-                    let block = this.block(&info, b).await?;
-                    let lo = range.start.max(base) - base;
-                    let hi = range.end.min(end) - base;
-                    Ok::<_, Error>((block.slice(lo as usize..hi as usize), hold))
+                    let lo = range.start.max(base);
+                    let hi = range.end.min(end);
+                    let chunks = if this.inner.cache_enabled {
+                        let block = this.block(&info, b).await?;
+                        vec![block.slice((lo - base) as usize..(hi - base) as usize)]
+                    } else {
+                        // Nobody keeps the part: hand on the network's chunks, no copy.
+                        this.fetch_chunks(&info.key, lo..hi, info.etag.clone())
+                            .await?
+                    };
+                    Ok::<_, Error>((chunks, hold))
                 }
             })
             .buffered(self.inner.opts.max_concurrency)
-            .map(|r: Result<(Bytes, Reservation)>| r.map(|(b, _hold)| b))
+            .map_ok(|(chunks, hold)| {
+                // The part's budget is held until its last chunk has been handed on.
+                stream::iter(chunks).map(move |c| {
+                    let _held = &hold;
+                    Ok(c)
+                })
+            })
+            .try_flatten()
             .boxed()
     }
 
@@ -485,6 +503,29 @@ impl Store {
         etag: Option<String>,
         want_meta: bool,
     ) -> Result<(Option<ObjectInfo>, Bytes)> {
+        let (info, mut body) = self.fetch_body(key, range, etag, want_meta, true).await?;
+        Ok((info, body.pop().unwrap_or_default()))
+    }
+
+    /// [`Store::fetch`] returning the body as the chunks the network delivered, with no copy
+    /// into one buffer (for streams nobody caches).
+    pub(crate) async fn fetch_chunks(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: Option<String>,
+    ) -> Result<Vec<Bytes>> {
+        Ok(self.fetch_body(key, range, etag, false, false).await?.1)
+    }
+
+    async fn fetch_body(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: Option<String>,
+        want_meta: bool,
+        contiguous: bool,
+    ) -> Result<(Option<ObjectInfo>, Vec<Bytes>)> {
         let m = &self.inner.metrics;
         let path = to_path(key);
         let url = || self.object_url(key);
@@ -492,12 +533,12 @@ impl Store {
         let deadline = Instant::now() + self.inner.opts.retry_timeout;
         let mut etag = etag;
         let mut info = None;
-        let mut buf: Option<Vec<u8>> = None;
+        let mut buf: Option<Sink> = None;
         let mut want = range.clone();
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            let received = buf.as_ref().map(|b| b.len() as u64).unwrap_or(0);
+            let received = buf.as_ref().map(Sink::len).unwrap_or(0);
             let start = range.start + received;
             let opts = GetOptions {
                 range: Some(GetRange::Bounded(start..want.end)),
@@ -562,23 +603,29 @@ impl Store {
                 });
             }
             let expected = want.end - range.start;
-            let buf = buf.get_or_insert_with(|| self.inner.pool.take(expected as usize));
+            let buf = buf.get_or_insert_with(|| {
+                if contiguous {
+                    Sink::Contiguous(self.inner.pool.take(expected as usize))
+                } else {
+                    Sink::Chunks(Vec::new(), 0)
+                }
+            });
             let mut body = res.into_stream();
             let mut cut: Option<object_store::Error> = None;
             while let Some(chunk) = body.next().await {
                 match chunk {
                     Ok(c) => {
-                        if buf.len() as u64 + c.len() as u64 > expected {
+                        if buf.len() + c.len() as u64 > expected {
                             return Err(Error::ShortRead {
                                 url: url(),
                                 range: range.start..want.end,
                                 expected,
-                                got: buf.len() as u64 + c.len() as u64,
+                                got: buf.len() + c.len() as u64,
                                 attempts,
                             });
                         }
                         m.bytes_read.fetch_add(c.len() as u64, Ordering::Relaxed);
-                        buf.extend_from_slice(&c);
+                        buf.push(c);
                     }
                     Err(e) => {
                         cut = Some(e);
@@ -586,10 +633,13 @@ impl Store {
                     }
                 }
             }
-            let got = buf.len() as u64;
+            let got = buf.len();
             if got == expected {
-                let bytes = self.inner.pool.freeze(std::mem::take(buf));
-                return Ok((info, bytes));
+                let body = match std::mem::replace(buf, Sink::Chunks(Vec::new(), 0)) {
+                    Sink::Contiguous(v) => vec![self.inner.pool.freeze(v)],
+                    Sink::Chunks(chunks, _) => chunks,
+                };
+                return Ok((info, body));
             }
             // Cut short: resume from the last byte received, within the retry budget.
             if attempts >= max_attempts || Instant::now() >= deadline {
@@ -619,6 +669,32 @@ impl Store {
     /// Forgets cached metadata (not blocks) so the next access asks the server again.
     pub fn forget_metadata(&self) {
         self.inner.meta.clear();
+    }
+}
+
+/// Where a body goes while it arrives: one buffer (for the cache and whole-object reads), or
+/// the network's chunks as they are (for streams nobody caches: no copy).
+enum Sink {
+    Contiguous(Vec<u8>),
+    Chunks(Vec<Bytes>, u64),
+}
+
+impl Sink {
+    fn len(&self) -> u64 {
+        match self {
+            Sink::Contiguous(v) => v.len() as u64,
+            Sink::Chunks(_, n) => *n,
+        }
+    }
+
+    fn push(&mut self, c: Bytes) {
+        match self {
+            Sink::Contiguous(v) => v.extend_from_slice(&c),
+            Sink::Chunks(chunks, n) => {
+                *n += c.len() as u64;
+                chunks.push(c);
+            }
+        }
     }
 }
 

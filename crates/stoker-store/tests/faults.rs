@@ -154,3 +154,30 @@ async fn changed_object_is_never_served_from_old_blocks() {
         new[..10]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncached_streams_pass_chunks_through_and_resume() {
+    // With no cache, parts are streamed as the network's chunks (no copy); cuts still resume.
+    let opts = StoreOptions::default()
+        .with_retries(2, Duration::from_secs(30))
+        .with_part_size(256 * 1024)
+        .with_cache_memory(0);
+    let (server, store) = setup(opts).await;
+    server.faults().add(
+        FaultRule::new(Fault::ShortBody {
+            after_bytes: 50_000,
+        })
+        .method("GET")
+        .times(4),
+    );
+    let parts: Vec<bytes::Bytes> = futures::TryStreamExt::try_collect(
+        store
+            .read_stream("obj.bin", Some(1000..(1 << 20) - 7))
+            .await
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(parts.concat(), data(1 << 20)[1000..(1 << 20) - 7]);
+    assert_eq!(store.metrics().cache.inserts, 0, "nothing was cached");
+}
