@@ -94,6 +94,25 @@ pub async fn targets(store: &Store, glob: Option<&str>) -> anyhow::Result<Vec<Ob
     Ok(vec![info])
 }
 
+/// Streams one large object as parallel ranged parts; checks its length.
+async fn read_large(store: &Store, o: &ObjectInfo, progress: &ProgressBar) -> anyhow::Result<u64> {
+    let mut parts = store.read_stream(&o.key, None).await?;
+    let mut got = 0u64;
+    while let Some(p) = parts.next().await {
+        let p = p?;
+        got += p.len() as u64;
+        progress.inc(p.len() as u64);
+    }
+    if got != o.size {
+        bail!(
+            "{}: got {got} bytes, size is {}",
+            store.object_url(&o.key),
+            o.size
+        );
+    }
+    Ok(got)
+}
+
 /// Reads every target once per epoch.
 pub async fn measure(
     store: &Store,
@@ -132,21 +151,7 @@ pub async fn measure(
             progress.inc(item.bytes.len() as u64);
         }
         for o in &large {
-            let mut parts = store.read_stream(&o.key, None).await?;
-            let mut got = 0u64;
-            while let Some(p) = parts.next().await {
-                let p = p?;
-                got += p.len() as u64;
-                progress.inc(p.len() as u64);
-            }
-            if got != o.size {
-                bail!(
-                    "{}: got {got} bytes, size is {}",
-                    store.object_url(&o.key),
-                    o.size
-                );
-            }
-            bytes += got;
+            bytes += read_large(store, o, progress).await?;
             objects += 1;
         }
         let seconds = start.elapsed().as_secs_f64().max(1e-9);
@@ -225,21 +230,7 @@ pub async fn first_epoch_streaming(
         return Ok(None);
     }
     for o in all.iter().filter(|o| o.size > ps) {
-        let mut parts = store.read_stream(&o.key, None).await?;
-        let mut got = 0u64;
-        while let Some(p) = parts.next().await {
-            let p = p?;
-            got += p.len() as u64;
-            progress.inc(p.len() as u64);
-        }
-        if got != o.size {
-            bail!(
-                "{}: got {got} bytes, size is {}",
-                store.object_url(&o.key),
-                o.size
-            );
-        }
-        bytes += got;
+        bytes += read_large(store, o, progress).await?;
         objects += 1;
     }
     let seconds = start.elapsed().as_secs_f64().max(1e-9);
