@@ -94,6 +94,23 @@ pub async fn targets(store: &Store, glob: Option<&str>) -> anyhow::Result<Vec<Ob
     Ok(vec![info])
 }
 
+/// Fails when a fetched object is not the one listed, or not its listed size.
+fn check_fetched(
+    store: &Store,
+    item: &stoker_store::FetchedObject,
+    want: &ObjectInfo,
+) -> anyhow::Result<()> {
+    if item.key != want.key || item.bytes.len() as u64 != want.size {
+        bail!(
+            "{}: got {} bytes, listed size is {}",
+            store.object_url(&want.key),
+            item.bytes.len(),
+            want.size
+        );
+    }
+    Ok(())
+}
+
 /// Streams one large object as parallel ranged parts; checks its length.
 async fn read_large(store: &Store, o: &ObjectInfo, progress: &ProgressBar) -> anyhow::Result<u64> {
     let mut parts = store.read_stream(&o.key, None).await?;
@@ -138,14 +155,7 @@ pub async fn measure(
         while let Some(item) = stream.next().await {
             let item = item?;
             let want = expected.next().expect("one result per key");
-            if item.key != want.key || item.bytes.len() as u64 != want.size {
-                bail!(
-                    "{}: got {} bytes, listed size is {}",
-                    store.object_url(&want.key),
-                    item.bytes.len(),
-                    want.size
-                );
-            }
+            check_fetched(store, &item, want)?;
             bytes += item.bytes.len() as u64;
             objects += 1;
             progress.inc(item.bytes.len() as u64);
@@ -213,14 +223,7 @@ pub async fn first_epoch_streaming(
             .expect("not poisoned")
             .pop_front()
             .expect("one listed object per result");
-        if item.key != want.key || item.bytes.len() as u64 != want.size {
-            bail!(
-                "{}: got {} bytes, listed size is {}",
-                store.object_url(&want.key),
-                item.bytes.len(),
-                want.size
-            );
-        }
+        check_fetched(store, &item, &want)?;
         bytes += want.size;
         objects += 1;
         progress.inc(want.size);
