@@ -1,0 +1,89 @@
+//! The `stoker` binary against the real S3 test server: ls, cat, bench --json, and errors.
+
+use assert_cmd::Command;
+use stoker_testserver::{ServerOptions, TestServer};
+
+fn server() -> TestServer {
+    let s = TestServer::start_blocking(ServerOptions::new().bucket("cli")).unwrap();
+    s.put_object("cli", "data/a.bin", &[1u8; 1000]).unwrap();
+    s.put_object("cli", "data/sub/b.bin", b"hello world")
+        .unwrap();
+    s.put_object("cli", "big.bin", &vec![7u8; 3 << 20]).unwrap();
+    s
+}
+
+fn stoker(s: &TestServer) -> Command {
+    let mut c = Command::cargo_bin("stoker").unwrap();
+    c.env("AWS_ACCESS_KEY_ID", s.access_key())
+        .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
+        .env("AWS_REGION", s.region())
+        .env("AWS_ENDPOINT_URL", s.endpoint());
+    c
+}
+
+#[test]
+fn ls_lists_one_level_and_recursively() {
+    let s = server();
+    let out = stoker(&s).args(["ls", "s3://cli/data/"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text, "data/sub/\ndata/a.bin\n");
+    let out = stoker(&s).args(["ls", "-r", "s3://cli/"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text, "big.bin\ndata/a.bin\ndata/sub/b.bin\n");
+}
+
+#[test]
+fn cat_writes_bytes_and_ranges() {
+    let s = server();
+    let out = stoker(&s)
+        .args(["cat", "s3://cli/data/sub/b.bin"])
+        .output()
+        .unwrap();
+    assert_eq!(out.stdout, b"hello world");
+    let out = stoker(&s)
+        .args(["cat", "s3://cli/data/sub/b.bin", "--range", "6-11"])
+        .output()
+        .unwrap();
+    assert_eq!(out.stdout, b"world");
+    let out = stoker(&s)
+        .args(["cat", "s3://cli/big.bin"])
+        .output()
+        .unwrap();
+    assert_eq!(out.stdout.len(), 3 << 20);
+}
+
+#[test]
+fn bench_json_has_the_documented_fields() {
+    let s = server();
+    let out = stoker(&s)
+        .args(["bench", "s3://cli/", "--json", "--part-size", "1MiB"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["objects"], 3);
+    assert_eq!(v["bytes"], 1000 + 11 + (3 << 20));
+    for k in [
+        "seconds",
+        "objects_per_s",
+        "mib_per_s",
+        "latency_p50_ms",
+        "latency_p99_ms",
+    ] {
+        assert!(v[k].is_number(), "{k} missing: {v}");
+    }
+}
+
+#[test]
+fn missing_objects_fail_with_the_url() {
+    let s = server();
+    let out = stoker(&s)
+        .args(["cat", "s3://cli/nope.bin"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("s3://cli/nope.bin"), "{err}");
+    assert!(err.contains("not found"), "{err}");
+}
