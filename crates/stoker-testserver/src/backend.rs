@@ -9,15 +9,17 @@
 //!   an empty object with a suffix range is 416 (s3s-fs panics on overflow); `If-Match`,
 //!   `If-None-Match`, `If-Modified-Since` and `If-Unmodified-Since` are honoured (s3s-fs
 //!   ignores them on GET and HEAD).
-//! * **ListObjectsV2 / ListObjects**: an empty `delimiter=` means no delimiter (s3s-fs groups
-//!   on the empty string); every object carries the ETag HEAD would return (s3s-fs sends
-//!   none); `encoding-type=url` encodes keys and prefixes as S3 does (s3s-fs echoes the
+//! * **ListObjectsV2 / ListObjects**: our own walk in key order ([`list`]; s3s-fs walks the
+//!   whole bucket per page through a thread hand-off per entry); an empty `delimiter=` means
+//!   no delimiter (s3s-fs groups on the empty string); every object carries the ETag HEAD
+//!   would return (s3s-fs sends none); `encoding-type=url` encodes keys and prefixes as S3 does (s3s-fs echoes the
 //!   parameter but sends keys raw, which breaks boto3 on keys with `+` or `%`). V1 listings
 //!   go through the fixed V2 path (s3s-fs routes them to its own, unfixed one).
 //! * **DeleteObject(s)**: deleting a key that names a directory is a no-op success (s3s-fs
 //!   answers 500, failing a whole DeleteObjects batch); the object's sidecar files and the directories it leaves empty are removed,
 //!   so a later object may take the directory's name.
 
+mod list;
 mod meta;
 mod paths;
 #[cfg(test)]
@@ -46,6 +48,7 @@ pub(crate) struct Backend {
     fs: s3s_fs::FileSystem,
     root: PathBuf,
     etags: Arc<ContentEtags>,
+    dirs: Arc<list::DirCache>,
 }
 
 impl Backend {
@@ -53,7 +56,12 @@ impl Backend {
     pub(crate) fn new(root: PathBuf, etags: Arc<ContentEtags>) -> anyhow::Result<Self> {
         let fs = s3s_fs::FileSystem::new(&root)
             .map_err(|e| anyhow::anyhow!("s3s-fs cannot serve {}: {e:?}", root.display()))?;
-        Ok(Self { fs, root, etags })
+        Ok(Self {
+            fs,
+            root,
+            etags,
+            dirs: Arc::default(),
+        })
     }
 
     async fn lookup(&self, bucket: &str, key: &str) -> S3Result<meta::ObjectInfo> {
@@ -81,34 +89,47 @@ impl Backend {
         }
     }
 
-    /// Fills in ETags (and fresh sizes and times) for the objects of one listing page.
-    async fn fill_etags(&self, bucket: &str, objects: Vec<Object>) -> S3Result<Vec<Object>> {
+    /// One page of a listing (see [`list`]), each object with the ETag HEAD would return.
+    async fn list_page(
+        &self,
+        bucket: &str,
+        prefix: String,
+        delimiter: Option<String>,
+        after: Option<String>,
+        max_keys: usize,
+    ) -> S3Result<(Vec<Object>, Vec<String>, Option<String>)> {
+        if !valid_bucket(bucket) || !self.root.join(bucket).is_dir() {
+            return Err(s3_error!(NoSuchBucket));
+        }
         let (root, bucket) = (self.root.clone(), bucket.to_owned());
         let etags = Arc::clone(&self.etags);
-        tokio::task::spawn_blocking(move || {
-            let mut objects = objects;
-            for obj in &mut objects {
-                let Some(key) = obj.key.as_deref() else {
-                    continue;
-                };
-                let Some(path) = object_path(&root, &bucket, key) else {
-                    continue;
-                };
-                // A file deleted since s3s-fs listed it keeps what s3s-fs saw.
-                let Ok(m) = std::fs::metadata(&path) else {
-                    continue;
-                };
-                if let Ok((e_tag, _)) = meta::etag_of(&root, &bucket, key, &path, &m, &etags) {
-                    obj.e_tag = Some(ETag::Strong(e_tag));
-                }
-                obj.size = i64::try_from(m.len()).ok();
-                if let Ok(t) = m.modified() {
-                    obj.last_modified = Some(Timestamp::from(t));
-                }
+        let dirs = Arc::clone(&self.dirs);
+        tokio::task::spawn_blocking(move || -> io::Result<_> {
+            let q = list::Query {
+                prefix: &prefix,
+                delimiter: delimiter.as_deref(),
+                after: after.as_deref(),
+                max_keys,
+            };
+            let page = list::list(&root.join(&bucket), &q, &dirs)?;
+            let mut objects = Vec::with_capacity(page.objects.len());
+            for (key, path, m) in page.objects {
+                let e_tag = meta::etag_of(&root, &bucket, &key, &path, &m, &etags)
+                    .ok()
+                    .map(|(e, _)| ETag::Strong(e));
+                objects.push(Object {
+                    e_tag,
+                    size: i64::try_from(m.len()).ok(),
+                    last_modified: m.modified().ok().map(Timestamp::from),
+                    key: Some(key),
+                    ..Default::default()
+                });
             }
-            objects
+            let next = page.truncated.then_some(page.last).flatten();
+            Ok((objects, page.common_prefixes, next))
         })
         .await
+        .map_err(S3Error::internal_error)?
         .map_err(S3Error::internal_error)
     }
 }
@@ -338,30 +359,60 @@ impl S3 for Backend {
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
-        let req = req.map_input(|mut input| {
-            if input.delimiter.as_deref() == Some("") {
-                input.delimiter = None;
-            }
-            input
-        });
-        let bucket = req.input.bucket.clone();
-        let mut resp = self.fs.list_objects_v2(req).await?;
-        let out = &mut resp.output;
-        if let Some(contents) = out.contents.take() {
-            out.contents = Some(self.fill_etags(&bucket, contents).await?);
-        }
-        if wants_url_encoding(out.encoding_type.as_ref()) {
-            for obj in out.contents.iter_mut().flatten() {
-                obj.key = obj.key.as_deref().map(url_encode);
-            }
-            for cp in out.common_prefixes.iter_mut().flatten() {
-                cp.prefix = cp.prefix.as_deref().map(url_encode);
-            }
-            out.prefix = out.prefix.as_deref().map(url_encode);
-            out.delimiter = out.delimiter.as_deref().map(url_encode);
-            out.start_after = out.start_after.as_deref().map(url_encode);
-        }
-        Ok(resp)
+        let input = req.input;
+        // An empty `delimiter=` means none.
+        let delimiter = input.delimiter.clone().filter(|d| !d.is_empty());
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let max_keys = input.max_keys.unwrap_or(1000).clamp(0, 1000);
+        // Resume after the later of the token (the last entry of the previous page) and
+        // start-after.
+        let after = match (input.continuation_token.clone(), input.start_after.clone()) {
+            (Some(t), Some(s)) => Some(t.max(s)),
+            (t, s) => t.or(s),
+        };
+        let (objects, prefixes, next) = self
+            .list_page(
+                &input.bucket,
+                prefix,
+                delimiter.clone(),
+                after,
+                usize::try_from(max_keys).unwrap_or(0),
+            )
+            .await?;
+        let key_count = i32::try_from(objects.len() + prefixes.len()).unwrap_or(i32::MAX);
+        let encode = wants_url_encoding(input.encoding_type.as_ref());
+        let code = |s: String| if encode { url_encode(&s) } else { s };
+        let out = ListObjectsV2Output {
+            key_count: Some(key_count),
+            max_keys: Some(max_keys),
+            is_truncated: Some(next.is_some()),
+            contents: (!objects.is_empty()).then(|| {
+                objects
+                    .into_iter()
+                    .map(|o| Object {
+                        key: o.key.map(code),
+                        ..o
+                    })
+                    .collect()
+            }),
+            common_prefixes: (!prefixes.is_empty()).then(|| {
+                prefixes
+                    .into_iter()
+                    .map(|p| CommonPrefix {
+                        prefix: Some(code(p)),
+                    })
+                    .collect()
+            }),
+            continuation_token: input.continuation_token,
+            next_continuation_token: next,
+            delimiter: input.delimiter.map(code),
+            encoding_type: input.encoding_type,
+            name: Some(input.bucket),
+            prefix: input.prefix.map(code),
+            start_after: input.start_after.map(code),
+            ..Default::default()
+        };
+        s3_ok(out)
     }
 
     async fn list_objects(

@@ -17,7 +17,20 @@ use clap::Parser;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Turns transparent huge pages off for this process. Received bytes land in memory the
+/// allocator keeps recycling; with THP each recycled region faults back in as a fresh 2 MiB
+/// page that the kernel zeroes whole, and zeroing took up to 60% of the CPU of reading a
+/// 1 GiB object (about half the runs; 4 KiB pages: every run fast, see docs/benchmarks.md).
+fn disable_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and touches no memory of ours.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
+}
+
 fn main() -> std::process::ExitCode {
+    disable_transparent_huge_pages();
     let cli = args::Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
