@@ -25,6 +25,10 @@ pub enum Command {
     Bench(BenchArgs),
     /// Generate a dataset, serve it from an embedded S3 server, and read it back.
     Demo(DemoArgs),
+    /// Mount a bucket or prefix as a read-only file system (FUSE).
+    Mount(MountArgs),
+    /// Unmount a file system mounted with `stoker mount`.
+    Unmount(UnmountArgs),
 }
 
 /// Flags shared by every subcommand that opens a store.
@@ -177,4 +181,41 @@ pub struct DemoArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// What to mount: s3://bucket[/prefix], gs://..., az://..., a local path.
+    pub url: String,
+    /// Where: an existing directory.
+    pub mountpoint: PathBuf,
+    /// Stay in the foreground until Ctrl-C or SIGTERM (which unmount).
+    #[arg(short, long)]
+    pub foreground: bool,
+    /// Bytes per ranged GET and per cache block (e.g. 8MiB).
+    #[arg(long)]
+    pub part_size: Option<ByteSize>,
+    /// Ranged GETs in flight for one sequential reader.
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
+    /// Seconds names, sizes and versions are trusted before they are asked for again.
+    #[arg(long, value_name = "SECONDS")]
+    pub metadata_ttl: Option<f64>,
+    /// Memory for the block cache (default: half of --memory-limit).
+    #[arg(long)]
+    pub cache_memory: Option<ByteSize>,
+    /// Let other users read the mount (allow_other).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Once mounted in the background, write messages here (default: discarded).
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct UnmountArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
 }

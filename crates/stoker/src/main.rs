@@ -1,6 +1,6 @@
 //! `stoker`: the command line.
 //!
-//! `stoker ls | cat | bench | demo` today; `mount`, `run` and `profile` join as their engines
+//! `stoker ls | cat | bench | demo | mount | unmount` today; `run` and `profile` join as their engines
 //! land. Raw arguments (clap structs in [`args`]) are kept apart from the resolved store
 //! configuration ([`args::StoreArgs::options`]), and every subcommand lives in its own module.
 
@@ -8,6 +8,7 @@ mod args;
 mod bench;
 mod demo;
 mod inspect;
+mod mount;
 
 use clap::Parser;
 
@@ -34,8 +35,11 @@ fn main() -> std::process::ExitCode {
     let cli = args::Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("STOKER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_env("STOKER_LOG").unwrap_or_else(|_| {
+                // fuser logs every operation a file system leaves to the kernel's
+                // default (ioctl, getlk, ...) as a warning.
+                tracing_subscriber::EnvFilter::new("warn,fuser=error")
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -55,6 +59,8 @@ fn main() -> std::process::ExitCode {
             args::Command::Cat(a) => inspect::cat(a).await,
             args::Command::Bench(a) => bench::run(a).await,
             args::Command::Demo(a) => demo::run(a).await,
+            args::Command::Mount(a) => mount::mount(a).await,
+            args::Command::Unmount(a) => mount::unmount(a).await,
         }
     });
     match result {

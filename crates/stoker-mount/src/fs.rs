@@ -1,0 +1,666 @@
+//! The FUSE operations.
+//!
+//! fuser calls these on its one session thread. Anything that may touch the network runs as
+//! a task on the tokio runtime and replies from there, so the session thread never waits: a
+//! slow GET for one reader does not hold up another reader's cache hit.
+//!
+//! Reads of one open file go, in the order the kernel sent them, to that handle's task,
+//! which keeps an [`ObjectReader`] for sequential reads (read-ahead that grows while reads
+//! stay contiguous). A read that is not part of a sequential run is served on its own, by a
+//! ranged read of just the bytes asked for (or the cached block holding them), so random
+//! small reads do not pull multi-megabyte parts, and they run concurrently.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+use stoker_store::{Error, Listing, ObjectInfo, ObjectReader, Store};
+use tokio::sync::mpsc;
+
+use crate::inode::{Inodes, Kind, Node, ROOT};
+
+/// Block size reported in `st_blksize`: what `cat` and Python size their buffers from.
+const BLKSIZE: u32 = 1 << 20;
+
+/// One read request waiting for its handle's task.
+struct ReadReq {
+    offset: u64,
+    size: u32,
+    reply: ReplyData,
+}
+
+/// One entry of an open directory.
+#[derive(Debug)]
+struct DirEnt {
+    ino: u64,
+    kind: FileType,
+    name: String,
+}
+
+/// State shared by the session thread and the tasks.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub store: Store,
+    pub inodes: Inodes,
+    pub ttl: Duration,
+    uid: u32,
+    gid: u32,
+    mounted_at: SystemTime,
+    /// One listing of a directory at a time: concurrent lookups in a directory whose
+    /// listing expired wait for one LIST instead of each sending their own.
+    dir_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Shared {
+    /// The directory `prefix`'s listing (the store caches it for the metadata TTL).
+    async fn listing(&self, prefix: &str) -> Result<Arc<Listing>, Error> {
+        let lock = Arc::clone(self.dir_locks.lock().entry(prefix.to_string()).or_default());
+        let _one = lock.lock().await;
+        self.store.list_dir(prefix).await
+    }
+
+    /// The child `name` of `parent` as its listing shows it: a directory shadows an object
+    /// of the same name.
+    async fn lookup(&self, parent: &Node, name: &str) -> Result<Arc<Node>, Errno> {
+        if !valid_name(name) {
+            return Err(Errno::ENOENT);
+        }
+        let listing = self
+            .listing(parent.dir_prefix())
+            .await
+            .map_err(|e| to_errno(&e, &parent.key))?;
+        let dir_key = format!("{}{name}/", parent.dir_prefix());
+        if listing.prefixes.binary_search(&dir_key).is_ok() {
+            return Ok(self.inodes.child(parent, name, Kind::Dir, None));
+        }
+        let key = format!("{}{name}", parent.dir_prefix());
+        match listing
+            .objects
+            .binary_search_by(|o| o.key.as_str().cmp(key.as_str()))
+        {
+            Ok(i) => Ok(self
+                .inodes
+                .child(parent, name, Kind::File, Some(&listing.objects[i]))),
+            Err(_) => Err(Errno::ENOENT),
+        }
+    }
+
+    /// A file's metadata, asked for again when older than the TTL.
+    async fn fresh_info(&self, node: &Node) -> Result<ObjectInfo, Errno> {
+        let cached = node.file.lock().clone();
+        if let Some(st) = cached {
+            if st.checked.elapsed() < self.ttl {
+                return Ok(st.info);
+            }
+        }
+        let parent = self.inodes.get(node.parent).ok_or(Errno::ENOENT)?;
+        let name = node
+            .key
+            .strip_prefix(parent.dir_prefix())
+            .ok_or(Errno::ENOENT)?;
+        let now = self.lookup(&parent, name).await?;
+        if now.ino != node.ino {
+            return Err(Errno::ENOENT); // it is a directory now
+        }
+        let st = node.file.lock().clone();
+        st.map(|s| s.info).ok_or(Errno::ENOENT)
+    }
+
+    fn attr(&self, node: &Node) -> FileAttr {
+        let (kind, size, mtime, perm, nlink) = match node.kind {
+            Kind::Dir => (FileType::Directory, 0, self.mounted_at, 0o555, 2),
+            Kind::File => {
+                let st = node.file.lock();
+                let (size, mtime) = st.as_ref().map_or((0, self.mounted_at), |s| {
+                    (s.info.size, time_of(s.info.last_modified_ms))
+                });
+                (FileType::RegularFile, size, mtime, 0o444, 1)
+            }
+        };
+        FileAttr {
+            ino: INodeNo(node.ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
+            kind,
+            perm,
+            nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: BLKSIZE,
+            flags: 0,
+        }
+    }
+
+    /// The entries of directory `node`, in name order, each with its inode.
+    async fn entries(&self, node: &Node) -> Result<Vec<DirEnt>, Errno> {
+        let listing = self
+            .listing(node.dir_prefix())
+            .await
+            .map_err(|e| to_errno(&e, &node.key))?;
+        let prefix = node.dir_prefix();
+        let mut out: Vec<DirEnt> =
+            Vec::with_capacity(listing.prefixes.len() + listing.objects.len());
+        for p in &listing.prefixes {
+            let Some(name) = p
+                .strip_prefix(prefix)
+                .and_then(|n| n.strip_suffix('/'))
+                .filter(|n| valid_name(n))
+            else {
+                continue;
+            };
+            let child = self.inodes.child(node, name, Kind::Dir, None);
+            out.push(DirEnt {
+                ino: child.ino,
+                kind: FileType::Directory,
+                name: name.to_string(),
+            });
+        }
+        let dirs = out.len();
+        for o in &listing.objects {
+            let Some(name) = o.key.strip_prefix(prefix).filter(|n| valid_name(n)) else {
+                continue;
+            };
+            // A "directory" of the same name wins (it was listed first).
+            if out[..dirs]
+                .binary_search_by(|d| d.name.as_str().cmp(name))
+                .is_ok()
+            {
+                continue;
+            }
+            let child = self.inodes.child(node, name, Kind::File, Some(o));
+            out.push(DirEnt {
+                ino: child.ino,
+                kind: FileType::RegularFile,
+                name: name.to_string(),
+            });
+        }
+        out.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+}
+
+/// A name a POSIX directory entry can have.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+fn time_of(ms: i64) -> SystemTime {
+    if ms >= 0 {
+        UNIX_EPOCH + Duration::from_millis(ms as u64)
+    } else {
+        UNIX_EPOCH
+    }
+}
+
+/// The errno for a store error, logged with the object it concerns.
+fn to_errno(e: &Error, what: &str) -> Errno {
+    let errno = match e {
+        Error::NotFound { .. } => Errno::ENOENT,
+        Error::Changed { .. } => Errno::ESTALE,
+        Error::PermissionDenied { .. } => Errno::EACCES,
+        Error::RangeOutOfBounds { .. } => Errno::EINVAL,
+        _ => Errno::EIO,
+    };
+    if errno != Errno::ENOENT {
+        tracing::warn!(key = what, error = %e, "request failed");
+    }
+    errno
+}
+
+/// The mount's [`Filesystem`].
+#[derive(Debug)]
+pub(crate) struct StokerFs {
+    shared: Arc<Shared>,
+    rt: tokio::runtime::Handle,
+    files: Mutex<HashMap<u64, mpsc::UnboundedSender<ReadReq>>>,
+    dirs: Arc<Mutex<HashMap<u64, Arc<Vec<DirEnt>>>>>,
+    next_fh: AtomicU64,
+}
+
+impl std::fmt::Debug for ReadReq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadReq")
+            .field("offset", &self.offset)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl StokerFs {
+    pub(crate) fn new(
+        store: Store,
+        rt: tokio::runtime::Handle,
+        root_prefix: String,
+        ttl: Duration,
+    ) -> (Self, Arc<Shared>) {
+        // SAFETY: geteuid and getegid only read the process's credentials.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let shared = Arc::new(Shared {
+            store,
+            inodes: Inodes::new(root_prefix),
+            ttl,
+            uid,
+            gid,
+            mounted_at: SystemTime::now(),
+            dir_locks: Mutex::default(),
+        });
+        let fs = StokerFs {
+            shared: Arc::clone(&shared),
+            rt,
+            files: Mutex::default(),
+            dirs: Arc::default(),
+            next_fh: AtomicU64::new(1),
+        };
+        (fs, shared)
+    }
+
+    fn node(&self, ino: INodeNo) -> Option<Arc<Node>> {
+        self.shared.inodes.get(ino.0)
+    }
+
+    fn fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Serves the reads of one open file, in the order they were sent.
+async fn serve_reads(store: Store, info: ObjectInfo, mut rx: mpsc::UnboundedReceiver<ReadReq>) {
+    let mut reader: ObjectReader = store.reader_of(info.clone());
+    let mut last_end = 0u64;
+    let mut run = 0u32; // contiguous reads in a row
+    while let Some(req) = rx.recv().await {
+        if req.offset >= info.size || req.size == 0 {
+            req.reply.data(&[]);
+            continue;
+        }
+        let end = (req.offset + u64::from(req.size)).min(info.size);
+        run = if req.offset == last_end { run + 1 } else { 0 };
+        last_end = end;
+        let pos = reader.position();
+        let in_window = req.offset >= pos && req.offset < pos + reader.window().max(1);
+        if in_window || run >= 2 {
+            // Sequential: the reader's read-ahead serves it (and keeps going).
+            match reader
+                .read_at(req.offset, (end - req.offset) as usize)
+                .await
+            {
+                Ok(b) => req.reply.data(&b),
+                Err(e) => req.reply.error(to_errno(&e, &info.key)),
+            }
+        } else {
+            // On its own: just these bytes, concurrently with whatever comes next.
+            let (store, info) = (store.clone(), info.clone());
+            tokio::spawn(async move {
+                match store.get_range_of(&info, req.offset..end).await {
+                    Ok(b) => req.reply.data(&b),
+                    Err(e) => req.reply.error(to_errno(&e, &info.key)),
+                }
+            });
+        }
+    }
+}
+
+impl Filesystem for StokerFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Let the kernel keep more reads in flight (read-ahead of many readers) than its
+        // default of 12.
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let Some(parent) = self.node(parent) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if parent.kind != Kind::Dir {
+            return reply.error(Errno::ENOTDIR);
+        }
+        let Some(name) = name.to_str().map(str::to_string) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let shared = Arc::clone(&self.shared);
+        self.rt.spawn(async move {
+            match shared.lookup(&parent, &name).await {
+                Ok(node) => reply.entry(&shared.ttl, &shared.attr(&node), Generation(0)),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let Some(node) = self.node(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let stale = node
+            .file
+            .lock()
+            .as_ref()
+            .is_some_and(|s| s.checked.elapsed() >= self.shared.ttl);
+        if !stale {
+            return reply.attr(&self.shared.ttl, &self.shared.attr(&node));
+        }
+        let shared = Arc::clone(&self.shared);
+        self.rt.spawn(async move {
+            match shared.fresh_info(&node).await {
+                Ok(_) => reply.attr(&shared.ttl, &shared.attr(&node)),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+            return reply.error(Errno::EROFS);
+        }
+        let Some(node) = self.node(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if node.kind == Kind::Dir {
+            return reply.error(Errno::EISDIR);
+        }
+        let fh = self.fh();
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.files.lock().insert(fh, tx);
+        let shared = Arc::clone(&self.shared);
+        self.rt.spawn(async move {
+            let info = match shared.fresh_info(&node).await {
+                Ok(i) => i,
+                Err(e) => return reply.error(e),
+            };
+            // The same version as the last open: what the kernel cached is still right.
+            let version = info.version_tag();
+            let keep = {
+                let mut st = node.file.lock();
+                let st = st.as_mut().expect("fresh_info leaves state");
+                let keep = st.opened_version.as_deref() == Some(version.as_str());
+                st.opened_version = Some(version);
+                keep
+            };
+            let flags = if keep {
+                FopenFlags::FOPEN_KEEP_CACHE
+            } else {
+                FopenFlags::empty()
+            };
+            tokio::spawn(serve_reads(shared.store.clone(), info, rx));
+            reply.opened(FileHandle(fh), flags);
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let tx = self.files.lock().get(&fh.0).cloned();
+        let Some(tx) = tx else {
+            return reply.error(Errno::EBADF);
+        };
+        if let Err(mpsc::error::SendError(req)) = tx.send(ReadReq {
+            offset,
+            size,
+            reply,
+        }) {
+            req.reply.error(Errno::EIO);
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing is ever written, so there is nothing to flush on close.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Dropping the sender ends the handle's task (after the reads already queued), which
+        // drops its reader and cancels its read-ahead.
+        self.files.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let Some(node) = self.node(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if node.kind != Kind::Dir {
+            return reply.error(Errno::ENOTDIR);
+        }
+        let fh = self.fh();
+        let shared = Arc::clone(&self.shared);
+        let this_dirs = Arc::clone(&self.dirs);
+        self.rt.spawn(async move {
+            match shared.entries(&node).await {
+                Ok(entries) => {
+                    this_dirs.lock().insert(fh, Arc::new(entries));
+                    reply.opened(FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(entries) = self.dirs.lock().get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        let parent = self.node(ino).map_or(ROOT, |n| n.parent);
+        // Offsets: 0 is ".", 1 is "..", k + 2 is entries[k]; each entry carries the offset
+        // of the one after it.
+        let mut i = offset;
+        loop {
+            let full = match i {
+                0 => reply.add(ino, 1, FileType::Directory, "."),
+                1 => reply.add(INodeNo(parent), 2, FileType::Directory, ".."),
+                k => match entries.get((k - 2) as usize) {
+                    Some(e) => reply.add(INodeNo(e.ino), k + 1, e.kind, &e.name),
+                    None => break,
+                },
+            };
+            if full {
+                break;
+            }
+            i += 1;
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dirs.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // A bucket has no size; report a large, full, read-only file system.
+        let blocks = 1u64 << 40;
+        let files = self.shared.inodes.len() as u64;
+        reply.statfs(blocks, 0, 0, files, 0, 4096, 1024, 4096);
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: fuser::ReplyXattr,
+    ) {
+        reply.error(Errno::ENODATA);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    // Everything that would change the bucket: read-only. (The mount is also made with
+    // `ro`, so the kernel answers most of these itself.)
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+}

@@ -1,0 +1,753 @@
+//! `stoker mount` against the real S3 test server, read with real tools (`cat`,
+//! `sha256sum`, `ls`, Python) through a real FUSE mount.
+//!
+//! Each test named `claim_*` checks one claim of docs/mount.md; `every_claim_has_a_test`
+//! keeps the document and the tests in step.
+//!
+//! These tests need FUSE: /dev/fuse and fusermount3 (Debian: `apt-get install fuse3`), as
+//! root or with access to /dev/fuse. Without it they fail with a message saying so; set
+//! STOKER_SKIP_FUSE_TESTS=1 to run the rest of the suite on a machine that has no FUSE (CI
+//! does not set it).
+
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use stoker_testserver::{ServerOptions, TestServer};
+
+const BUCKET: &str = "mnt";
+const MIB: usize = 1 << 20;
+
+/// Deterministic bytes, different for every (seed, position).
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Whether FUSE tests can run here; panics with what is missing unless told to skip.
+fn fuse_or_skip() -> bool {
+    if let Err(e) = stoker_mount::check_fuse() {
+        if std::env::var_os("STOKER_SKIP_FUSE_TESTS").is_some() {
+            eprintln!("STOKER_SKIP_FUSE_TESTS is set: not running a FUSE test ({e})");
+            return false;
+        }
+        panic!("{e} (set STOKER_SKIP_FUSE_TESTS=1 to run the other tests without FUSE)");
+    }
+    true
+}
+
+fn server_with(latency: Duration) -> TestServer {
+    let s =
+        TestServer::start_blocking(ServerOptions::new().bucket(BUCKET).latency(latency)).unwrap();
+    for (i, size) in [0usize, 1, 4095, 4096, 110_000, MIB + 7].iter().enumerate() {
+        s.put_object(BUCKET, &format!("data/f{i}.bin"), &pattern(i as u64, *size))
+            .unwrap();
+    }
+    s.put_object(BUCKET, "data/big.bin", &pattern(99, 24 * MIB + 123))
+        .unwrap();
+    s.put_object(BUCKET, "data/sub/deep/x.txt", b"deep\n")
+        .unwrap();
+    s.put_object(BUCKET, "data/with space é.txt", b"unicode\n")
+        .unwrap();
+    s
+}
+
+fn server() -> TestServer {
+    server_with(Duration::from_millis(1))
+}
+
+/// A `stoker mount --foreground` process and its mount point.
+struct Mounted {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Mounted {
+    fn start(s: &TestServer, url: &str, extra: &[&str]) -> Mounted {
+        Self::start_at(s, url, extra, tempfile::tempdir().unwrap())
+    }
+
+    fn start_at(s: &TestServer, url: &str, extra: &[&str], dir: tempfile::TempDir) -> Mounted {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_stoker"))
+            .args(["mount", url])
+            .arg(dir.path())
+            .args(["--foreground", "--part-size", "1MiB"])
+            .args(extra)
+            .env("AWS_ACCESS_KEY_ID", s.access_key())
+            .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
+            .env("AWS_REGION", s.region())
+            .env("AWS_ENDPOINT_URL", s.endpoint())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+        assert!(
+            line.starts_with("stoker: mounted "),
+            "mount did not come up: {line:?} (exit: {:?})",
+            child.try_wait()
+        );
+        Mounted {
+            child: Some(child),
+            dir,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGTERM, then the exit status.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        signal(child.id(), libc::SIGTERM);
+        wait_timeout(&mut child, Duration::from_secs(20)).expect("mount exits after SIGTERM")
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            signal(c.id(), libc::SIGTERM);
+            if wait_timeout(&mut c, Duration::from_secs(10)).is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        if is_mounted(self.dir.path()) {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) with a pid we started and a valid signal number.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+fn wait_timeout(c: &mut Child, t: Duration) -> Option<std::process::ExitStatus> {
+    let end = Instant::now() + t;
+    while Instant::now() < end {
+        if let Some(st) = c.try_wait().unwrap() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+fn is_mounted(p: &Path) -> bool {
+    let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(p.to_str().unwrap()))
+}
+
+/// Runs `f` on its own thread; fails the test if it takes longer than `t` (a hung mount
+/// must fail a test, not hang it).
+fn within<T: Send + 'static>(t: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(t).expect("operation on the mount hung")
+}
+
+fn source(s: &TestServer, key: &str) -> Vec<u8> {
+    std::fs::read(s.object_path(BUCKET, key).unwrap()).unwrap()
+}
+
+fn tool(cmd: &str, args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    assert!(out.status.success(), "{cmd} failed: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn claim_read_whole_files() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let m = Mounted::start(&s, "s3://mnt/", &[]);
+    let data = m.path().join("data");
+    for i in 0..6 {
+        let key = format!("data/f{i}.bin");
+        let got = std::fs::read(data.join(format!("f{i}.bin"))).unwrap();
+        assert_eq!(got, source(&s, &key), "{key}");
+    }
+    // `cat` and `sha256sum` agree with the same tools on the server's own files.
+    let big = data.join("big.bin");
+    let cat = Command::new("cat").arg(&big).output().unwrap();
+    assert_eq!(cat.stdout, source(&s, "data/big.bin"));
+    let sum = |p: &Path| {
+        tool("sha256sum", &[p.as_os_str()])
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        sum(&big),
+        sum(&s.object_path(BUCKET, "data/big.bin").unwrap())
+    );
+    assert_eq!(
+        std::fs::read(data.join("with space é.txt")).unwrap(),
+        b"unicode\n"
+    );
+    assert_eq!(
+        std::fs::read(data.join("sub/deep/x.txt")).unwrap(),
+        b"deep\n"
+    );
+}
+
+#[test]
+fn claim_read_at_any_offset() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let m = Mounted::start(&s, "s3://mnt/", &[]);
+    let src = source(&s, "data/big.bin");
+    let f = std::fs::File::open(m.path().join("data/big.bin")).unwrap();
+    let n = src.len() as u64;
+    // Edges, block boundaries, the last byte, past the end; then pseudo-random offsets.
+    let mut offsets = vec![0, 1, MIB as u64 - 1, MIB as u64, n - 1, n - 4096, n, n + 10];
+    let mut x = 12345u64;
+    for _ in 0..200 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        offsets.push((x >> 16) % n);
+    }
+    for off in offsets {
+        let mut buf = vec![0u8; 70_000];
+        let got = f.read_at(&mut buf, off).unwrap();
+        let want = src
+            .get(off as usize..)
+            .map_or(0, |r| r.len().min(buf.len()));
+        assert_eq!(got, want, "length at offset {off}");
+        let want_bytes = src.get(off as usize..off as usize + got).unwrap_or(&[]);
+        assert_eq!(&buf[..got], want_bytes, "bytes at {off}");
+    }
+    // Python: open(), seek(), read(), as a training script would.
+    let script = r#"
+import hashlib, sys
+with open(sys.argv[1], "rb") as f:
+    out = []
+    for off, n in [(0, 10), (5000000, 100000), (1048575, 2), (25165824, 200)]:
+        f.seek(off)
+        out.append(hashlib.sha256(f.read(n)).hexdigest())
+    f.seek(-7, 2)
+    out.append(f.read().hex())
+print(" ".join(out))
+"#;
+    let got = tool(
+        "python3",
+        &[
+            "-c".as_ref(),
+            script.as_ref(),
+            m.path().join("data/big.bin").as_os_str(),
+        ],
+    );
+    let want_py = within(Duration::from_secs(60), {
+        let p = s.object_path(BUCKET, "data/big.bin").unwrap();
+        move || tool("python3", &["-c".as_ref(), script.as_ref(), p.as_os_str()])
+    });
+    assert_eq!(got, want_py);
+}
+
+#[test]
+fn claim_concurrent_readers() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server_with(Duration::from_millis(5));
+    let m = Mounted::start(&s, "s3://mnt/", &[]);
+    let mut handles = Vec::new();
+    // 16 readers of the same file and 16 of different files, at once.
+    for r in 0..32usize {
+        let path = if r < 16 {
+            m.path().join("data/big.bin")
+        } else {
+            m.path().join(format!("data/f{}.bin", r % 6))
+        };
+        let key = format!("data/{}", path.file_name().unwrap().to_str().unwrap());
+        let want = source(&s, &key);
+        handles.push(std::thread::spawn(move || {
+            let mut f = std::fs::File::open(&path).unwrap();
+            let mut got = Vec::new();
+            // Different read sizes per reader, so the kernel's requests interleave.
+            let mut buf = vec![0u8; 4096 * (1 + r % 7)];
+            loop {
+                let n = f.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert!(got == want, "reader {r} of {key}: bytes differ");
+        }));
+    }
+    within(Duration::from_secs(120), move || {
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
+}
+
+#[test]
+fn claim_directories_from_listings() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    // 10,000 keys over nested "directories": 10 top-level x 10 second-level x 100 files.
+    let mut want = Vec::new();
+    for a in 0..10 {
+        for b in 0..10 {
+            for c in 0..100 {
+                let key = format!("many/d{a}/e{b}/k{c:03}");
+                std::fs::create_dir_all(s.root().join(BUCKET).join(format!("many/d{a}/e{b}")))
+                    .unwrap();
+                std::fs::write(s.root().join(BUCKET).join(&key), key.as_bytes()).unwrap();
+                want.push(key.trim_start_matches("many/").to_string());
+            }
+        }
+    }
+    want.sort();
+    let m = Mounted::start(&s, "s3://mnt/many/", &[]);
+    let root = m.path().to_path_buf();
+    let got = within(Duration::from_secs(300), move || {
+        let mut got = Vec::new();
+        let mut stack = vec![root.clone()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let e = e.unwrap();
+                if e.file_type().unwrap().is_dir() {
+                    stack.push(e.path());
+                } else {
+                    let rel = e.path().strip_prefix(&root).unwrap().to_owned();
+                    got.push(rel.to_str().unwrap().to_string());
+                }
+            }
+        }
+        got.sort();
+        got
+    });
+    assert_eq!(got.len(), 10_000);
+    assert_eq!(got, want);
+    // `ls -R` (a real tool) sees the same number of files.
+    let ls = tool("ls", &["-R".as_ref(), m.path().as_os_str()]);
+    assert_eq!(ls.lines().filter(|l| l.starts_with('k')).count(), 10_000);
+    // Sizes come from the listing.
+    let meta = std::fs::metadata(m.path().join("d3/e4/k005")).unwrap();
+    assert_eq!(meta.len(), "many/d3/e4/k005".len() as u64);
+    assert!(meta.is_file());
+    assert!(std::fs::metadata(m.path().join("d3")).unwrap().is_dir());
+}
+
+#[test]
+fn claim_read_only() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let m = Mounted::start(&s, "s3://mnt/", &[]);
+    let p = m.path();
+    let erofs = |r: std::io::Result<()>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{what}: {e}");
+    };
+    erofs(
+        std::fs::write(p.join("data/new.bin"), b"x").map(drop),
+        "create",
+    );
+    erofs(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(p.join("data/f1.bin"))
+            .map(drop),
+        "open for writing",
+    );
+    erofs(std::fs::create_dir(p.join("data/newdir")), "mkdir");
+    erofs(std::fs::remove_file(p.join("data/f1.bin")), "unlink");
+    erofs(std::fs::remove_dir(p.join("data/sub")), "rmdir");
+    erofs(
+        std::fs::rename(p.join("data/f1.bin"), p.join("data/f1-renamed.bin")),
+        "rename",
+    );
+    erofs(
+        std::fs::set_permissions(
+            p.join("data/f1.bin"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        ),
+        "chmod",
+    );
+    // Nothing changed on the server.
+    assert_eq!(source(&s, "data/f1.bin"), pattern(1, 1));
+}
+
+#[test]
+fn claim_missing_is_enoent() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let m = Mounted::start(&s, "s3://mnt/", &[]);
+    for missing in [
+        "data/nope.bin",
+        "nope/",
+        "data/sub/deep/nope",
+        "data/f1.bin/x",
+    ] {
+        let e = std::fs::metadata(m.path().join(missing)).unwrap_err();
+        let code = e.raw_os_error();
+        assert!(
+            code == Some(libc::ENOENT) || code == Some(libc::ENOTDIR),
+            "{missing}: {e}"
+        );
+    }
+    let e = std::fs::File::open(m.path().join("data/nope.bin")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+}
+
+#[test]
+fn claim_changes_seen_after_ttl() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let m = Mounted::start(&s, "s3://mnt/", &["--metadata-ttl", "1"]);
+    let f = m.path().join("data/f4.bin");
+    assert_eq!(std::fs::read(&f).unwrap(), source(&s, "data/f4.bin"));
+    // Replaced by a different object of another size.
+    let new = pattern(1234, 50_000);
+    s.put_object(BUCKET, "data/f4.bin", &new).unwrap();
+    std::thread::sleep(Duration::from_millis(1600));
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 50_000);
+    assert_eq!(std::fs::read(&f).unwrap(), new);
+    // And a new object appears in its directory.
+    s.put_object(BUCKET, "data/appeared.txt", b"new\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1600));
+    assert_eq!(
+        std::fs::read(m.path().join("data/appeared.txt")).unwrap(),
+        b"new\n"
+    );
+}
+
+#[test]
+fn claim_disk_cache_reused_by_a_later_mount() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let cache = tempfile::tempdir().unwrap();
+    let args = [
+        "--cache-dir",
+        cache.path().to_str().unwrap(),
+        "--cache-memory",
+        "0",
+    ];
+    let want = source(&s, "data/big.bin");
+    {
+        let mut m = Mounted::start(&s, "s3://mnt/", &args);
+        assert_eq!(std::fs::read(m.path().join("data/big.bin")).unwrap(), want);
+        assert!(m.stop().success());
+    }
+    // A second mount of the same bucket reads from the disk cache: no GETs of the data.
+    let before = s.requests();
+    let m = Mounted::start(&s, "s3://mnt/", &args);
+    assert_eq!(std::fs::read(m.path().join("data/big.bin")).unwrap(), want);
+    let requests = s.requests() - before;
+    assert!(
+        requests <= 3,
+        "second mount sent {requests} requests (listings only expected)"
+    );
+}
+
+#[test]
+fn claim_disk_cache_shared_by_concurrent_mounts() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let cache = tempfile::tempdir().unwrap();
+    let args = [
+        "--cache-dir",
+        cache.path().to_str().unwrap(),
+        "--cache-memory",
+        "0",
+    ];
+    let mounts: Vec<Mounted> = (0..3)
+        .map(|_| Mounted::start(&s, "s3://mnt/", &args))
+        .collect();
+    let want = source(&s, "data/big.bin");
+    let paths: Vec<PathBuf> = mounts
+        .iter()
+        .map(|m| m.path().join("data/big.bin"))
+        .collect();
+    within(Duration::from_secs(120), move || {
+        let readers: Vec<_> = paths
+            .into_iter()
+            .flat_map(|p| [p.clone(), p])
+            .map(|p| std::thread::spawn(move || std::fs::read(p).unwrap()))
+            .collect();
+        for r in readers {
+            assert!(r.join().unwrap() == want, "a mount read wrong bytes");
+        }
+    });
+}
+
+#[test]
+fn claim_memory_stays_under_the_limit() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server_with(Duration::from_millis(5));
+    let m = Mounted::start(&s, "s3://mnt/", &["--memory-limit", "32MiB"]);
+    let pid = m.pid();
+    let path = m.path().join("data/big.bin");
+    let want_len = source(&s, "data/big.bin").len();
+    // 24 handles reading 24 MiB each: 576 MiB if each buffered its object.
+    within(Duration::from_secs(240), move || {
+        let readers: Vec<_> = (0..24)
+            .map(|_| {
+                let p = path.clone();
+                std::thread::spawn(move || std::fs::read(p).unwrap().len())
+            })
+            .collect();
+        for r in readers {
+            assert_eq!(r.join().unwrap(), want_len);
+        }
+    });
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hwm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    // The budget covers cache and read-ahead; the rest is the program itself (measured
+    // about 30 MiB idle) and transient network buffers.
+    assert!(
+        hwm_kib < (32 + 96) * 1024,
+        "peak RSS {} MiB with a 32 MiB limit",
+        hwm_kib / 1024
+    );
+}
+
+#[test]
+fn claim_sigterm_unmounts() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let mut m = Mounted::start(&s, "s3://mnt/", &[]);
+    assert!(is_mounted(m.path()));
+    let st = m.stop();
+    assert!(st.success(), "{st}");
+    assert!(!is_mounted(m.path()));
+}
+
+#[test]
+fn claim_killed_daemon_does_not_hang() {
+    if !fuse_or_skip() {
+        return;
+    }
+    // Slow responses, so the kill lands mid-read.
+    let s = server_with(Duration::from_millis(300));
+    let mut m = Mounted::start(&s, "s3://mnt/", &["--max-concurrency", "1"]);
+    let path = m.path().join("data/big.bin");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let r = std::fs::File::open(&path).and_then(|mut f| {
+            let mut sink = Vec::new();
+            f.read_to_end(&mut sink).map(|_| sink.len())
+        });
+        let _ = tx.send(r);
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    let mut child = m.child.take().unwrap();
+    child.kill().unwrap(); // SIGKILL: no chance to unmount
+    child.wait().unwrap();
+    let r = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a read on a dead mount hung");
+    let e = r.expect_err("a read of a killed mount cannot complete");
+    assert!(
+        matches!(
+            e.raw_os_error(),
+            Some(libc::ENOTCONN) | Some(libc::EIO) | Some(libc::ECONNABORTED)
+        ),
+        "unexpected error {e}"
+    );
+    // Root (CI) mounts with auto_unmount: the mount goes away by itself. Otherwise the
+    // mount point reports a clear "not connected" error rather than hanging.
+    let p = m.path().to_path_buf();
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        if !is_mounted(&p) {
+            break;
+        }
+        // SAFETY: geteuid only reads the process's credentials.
+        if unsafe { libc::geteuid() } != 0 {
+            let e = within(Duration::from_secs(10), move || {
+                std::fs::metadata(&p).map(drop)
+            })
+            .unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+            break;
+        }
+        assert!(Instant::now() < end, "the dead mount was not unmounted");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn claim_errors_name_what_is_wrong() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    // A mount point that does not exist.
+    let out = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args([
+            "mount",
+            "s3://mnt/",
+            "/nonexistent/stoker-mnt",
+            "--foreground",
+        ])
+        .env("AWS_ACCESS_KEY_ID", s.access_key())
+        .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
+        .env("AWS_ENDPOINT_URL", s.endpoint())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/stoker-mnt"), "{err}");
+    // A bucket that does not exist: the store's error, before anything is mounted.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(["mount", "s3://no-such-bucket/"])
+        .arg(dir.path())
+        .env("AWS_ACCESS_KEY_ID", s.access_key())
+        .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
+        .env("AWS_ENDPOINT_URL", s.endpoint())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no-such-bucket"), "{err}");
+    assert!(!is_mounted(dir.path()));
+}
+
+#[test]
+fn claim_background_mount_and_unmount() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(["mount", "s3://mnt/"])
+        .arg(dir.path())
+        .env("AWS_ACCESS_KEY_ID", s.access_key())
+        .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
+        .env("AWS_ENDPOINT_URL", s.endpoint())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(is_mounted(dir.path()));
+    assert_eq!(
+        std::fs::read(dir.path().join("data/f2.bin")).unwrap(),
+        pattern(2, 4095)
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .arg("unmount")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let end = Instant::now() + Duration::from_secs(10);
+    while is_mounted(dir.path()) {
+        assert!(Instant::now() < end, "still mounted after stoker unmount");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn every_claim_has_a_test() {
+    let doc = include_str!("../../../docs/mount.md");
+    let tests = include_str!("mount.rs");
+    let claimed: Vec<&str> = doc
+        .match_indices("[claim: ")
+        .map(|(i, _)| {
+            let rest = &doc[i + "[claim: ".len()..];
+            &rest[..rest.find(']').expect("claim tag closes")]
+        })
+        .collect();
+    assert!(claimed.len() >= 10, "docs/mount.md lists its claims");
+    for c in &claimed {
+        assert!(
+            tests.contains(&format!("fn {}{c}()", "claim_")),
+            "docs/mount.md claims [{c}] but no test `claim_{c}` checks it"
+        );
+    }
+    // Built at run time, so this test's own source does not match.
+    let needle = ["fn ", "claim_"].concat();
+    for (i, _) in tests.match_indices(needle.as_str()) {
+        let rest = &tests[i + needle.len()..];
+        let name = &rest[..rest.find('(').unwrap()];
+        assert!(
+            claimed.contains(&name),
+            "test claim_{name} checks a claim docs/mount.md does not make"
+        );
+    }
+}
+
+#[test]
+fn file_seek_and_read_match() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let m = Mounted::start(&s, "s3://mnt/", &[]);
+    let src = source(&s, "data/f5.bin");
+    let mut f = std::fs::File::open(m.path().join("data/f5.bin")).unwrap();
+    f.seek(SeekFrom::Start(1000)).unwrap();
+    let mut buf = [0u8; 5000];
+    f.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf[..], &src[1000..6000]);
+    f.seek(SeekFrom::End(-3)).unwrap();
+    let mut tail = Vec::new();
+    f.read_to_end(&mut tail).unwrap();
+    assert_eq!(tail, &src[src.len() - 3..]);
+}
