@@ -31,6 +31,25 @@ use crate::inode::{Inodes, Kind, Node, ROOT};
 /// Block size reported in `st_blksize`: what `cat` and Python size their buffers from.
 const BLKSIZE: u32 = 1 << 20;
 
+/// Files of a directory fetched ahead of a reader that opens them in listing order.
+const AHEAD_FILES: usize = 64;
+/// ... and at most this many bytes of them.
+const AHEAD_BYTES: u64 = 64 << 20;
+/// Opens this close (in listing position) to the furthest one so far still count as "in
+/// order": concurrent readers working through a directory interleave.
+const SCAN_SLACK: usize = 64;
+
+/// How the files of one directory are being opened.
+#[derive(Debug, Default)]
+struct DirScan {
+    /// Furthest listing position opened in the current run.
+    last: usize,
+    /// Opens in a row that stayed in order.
+    run: u32,
+    /// Positions before this have been fetched ahead already.
+    ahead_to: usize,
+}
+
 /// One read request waiting for its handle's task.
 struct ReadReq {
     offset: u64,
@@ -58,6 +77,8 @@ pub(crate) struct Shared {
     /// One listing of a directory at a time: concurrent lookups in a directory whose
     /// listing expired wait for one LIST instead of each sending their own.
     dir_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per directory inode: the order its files are opened in.
+    scans: Mutex<HashMap<u64, DirScan>>,
 }
 
 impl Shared {
@@ -113,6 +134,70 @@ impl Shared {
         }
         let st = node.file.lock().clone();
         st.map(|s| s.info).ok_or(Errno::ENOENT)
+    }
+
+    /// Notes that `node` is being opened. When the files of its directory are being opened
+    /// in listing order (`cat dir/*`, a sequential epoch, several readers splitting a
+    /// directory), the next small files are brought into the cache ahead of their opens, so
+    /// a reader stops paying one request latency per file. Random order fetches nothing.
+    async fn opened_in_order(&self, node: &Node) {
+        if !self.store.caches() {
+            return;
+        }
+        let Some(parent) = self.inodes.get(node.parent) else {
+            return;
+        };
+        let Ok(listing) = self.listing(parent.dir_prefix()).await else {
+            return;
+        };
+        let objects = &listing.objects;
+        let Ok(idx) = objects.binary_search_by(|o| o.key.as_str().cmp(node.key.as_str())) else {
+            return;
+        };
+        let range = {
+            let mut scans = self.scans.lock();
+            let s = scans.entry(parent.ino).or_default();
+            if idx.abs_diff(s.last) <= SCAN_SLACK {
+                if idx != s.last {
+                    s.run += 1;
+                }
+                s.last = s.last.max(idx);
+            } else {
+                *s = DirScan {
+                    last: idx,
+                    ..DirScan::default()
+                };
+            }
+            if s.run < 2 {
+                return;
+            }
+            let from = s.ahead_to.max(idx + 1);
+            let to = (idx + 1 + AHEAD_FILES).min(objects.len());
+            if from >= to {
+                return;
+            }
+            s.ahead_to = to;
+            from..to
+        };
+        tracing::debug!(dir = parent.key, ?range, "fetching ahead");
+        let part = self.store.options().part_size;
+        let mut bytes = 0u64;
+        for o in &objects[range] {
+            // Large files get their own read-ahead once opened.
+            if o.size > part {
+                continue;
+            }
+            bytes += o.size;
+            if bytes > AHEAD_BYTES {
+                break;
+            }
+            let (store, info) = (self.store.clone(), o.clone());
+            tokio::spawn(async move {
+                if let Err(e) = store.prefetch(&info).await {
+                    tracing::debug!(key = info.key, error = %e, "prefetch failed");
+                }
+            });
+        }
     }
 
     fn attr(&self, node: &Node) -> FileAttr {
@@ -257,6 +342,7 @@ impl StokerFs {
             gid,
             mounted_at: SystemTime::now(),
             dir_locks: Mutex::default(),
+            scans: Mutex::default(),
         });
         let fs = StokerFs {
             shared: Arc::clone(&shared),
@@ -398,6 +484,7 @@ impl Filesystem for StokerFs {
             };
             tokio::spawn(serve_reads(shared.store.clone(), info, rx));
             reply.opened(FileHandle(fh), flags);
+            shared.opened_in_order(&node).await;
         });
     }
 

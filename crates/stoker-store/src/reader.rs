@@ -135,16 +135,25 @@ impl ObjectReader {
             .front_mut()
             .expect("fill starts at least one fetch");
         if front.done.is_none() {
-            let bytes = match (&mut front.task).await {
-                Ok(r) => r?,
-                Err(join) => {
-                    return Err(crate::Error::Io {
-                        path: self.info.key.clone(),
-                        source: std::sync::Arc::new(std::io::Error::other(join.to_string())),
-                    })
-                }
+            let res = match (&mut front.task).await {
+                Ok(r) => r,
+                Err(join) => Err(crate::Error::Io {
+                    path: self.info.key.clone(),
+                    source: std::sync::Arc::new(std::io::Error::other(join.to_string())),
+                }),
             };
-            front.done = Some(bytes);
+            match res {
+                Ok(bytes) => front.done = Some(bytes),
+                Err(e) => {
+                    // The failed fetch is spent: forget it and what was queued behind it, so
+                    // the next read asks again instead of polling a finished task.
+                    for f in self.inflight.drain(..) {
+                        f.task.abort();
+                    }
+                    self.next_fetch = self.pos;
+                    return Err(e);
+                }
+            }
         }
         let data = front.done.as_ref().expect("set above");
         let off = (self.pos - front.range.start) as usize;

@@ -470,6 +470,21 @@ impl Store {
         }
     }
 
+    /// Brings the first part of an object (all of it, up to the part size) into the block
+    /// cache, for a read that is expected soon. Returns at once when the cache is off (the
+    /// bytes would have nowhere to wait) or the block is already cached.
+    pub async fn prefetch(&self, info: &ObjectInfo) -> Result<()> {
+        if !self.inner.cache_enabled || info.size == 0 {
+            return Ok(());
+        }
+        self.block(info, 0).await.map(drop)
+    }
+
+    /// Whether reads populate a block cache (memory or disk).
+    pub fn caches(&self) -> bool {
+        self.inner.cache_enabled
+    }
+
     /// Block `b` of the object, from the cache or by one ranged GET (single-flight).
     pub(crate) async fn block(&self, info: &ObjectInfo, b: u64) -> Result<Bytes> {
         let ps = self.inner.opts.part_size;

@@ -134,6 +134,28 @@ async fn persistent_failure_reports_url_range_and_attempts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_recovers_after_a_failed_read() {
+    let opts = StoreOptions::default().with_retries(1, Duration::from_secs(30));
+    let (server, store) = setup(opts).await;
+    let mut reader = store.reader("obj.bin").await.unwrap();
+    server.faults().add(
+        FaultRule::new(Fault::internal_error())
+            .method("GET")
+            .forever(),
+    );
+    let e = reader.read_at(4096, 1000).await.unwrap_err();
+    assert!(matches!(e, Error::Read { .. }), "{e:?}");
+    // The same read again fails the same way (it asks again, no stale state)...
+    assert!(reader.read_at(4096, 1000).await.is_err());
+    // ...and once the server recovers, the same reader reads the right bytes.
+    server.faults().clear();
+    let got = reader.read_at(4096, 1000).await.unwrap();
+    assert_eq!(got, data(1 << 20)[4096..5096]);
+    let next = reader.read(500).await.unwrap();
+    assert_eq!(next, data(1 << 20)[5096..5596]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changed_object_is_never_served_from_old_blocks() {
     let opts = fast_retries().with_metadata_ttl(Duration::from_millis(200));
     let (_server, store) = setup(opts).await;

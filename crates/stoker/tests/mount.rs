@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use stoker_testserver::{ServerOptions, TestServer};
+use stoker_testserver::{Fault, FaultRule, ServerOptions, TestServer};
 
 const BUCKET: &str = "mnt";
 const MIB: usize = 1 << 20;
@@ -701,6 +701,65 @@ fn claim_background_mount_and_unmount() {
         assert!(Instant::now() < end, "still mounted after stoker unmount");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Waits until the server has seen no new request for a while (prefetches done).
+fn settle(s: &TestServer) -> u64 {
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut last = s.requests();
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = s.requests();
+        if now == last || Instant::now() > end {
+            return now;
+        }
+        last = now;
+    }
+}
+
+#[test]
+fn claim_in_order_opens_fetch_ahead() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    for i in 0..300 {
+        let body = pattern(1000 + i, 1000);
+        s.put_object(BUCKET, &format!("seq/f{i:03}"), &body)
+            .unwrap();
+        s.put_object(BUCKET, &format!("rnd/f{i:03}"), &body)
+            .unwrap();
+    }
+    let m = Mounted::start(&s, "s3://mnt/", &[]);
+    let read = |dir: &str, i: u64| {
+        let got = std::fs::read(m.path().join(format!("{dir}/f{i:03}"))).unwrap();
+        assert_eq!(got, pattern(1000 + i, 1000), "{dir}/f{i:03}");
+    };
+    // In listing order: after a few opens, the next files are already cached.
+    for i in 0..3 {
+        read("seq", i);
+    }
+    settle(&s);
+    // From now on the server fails every GET in seq/: the next files must come from what
+    // was fetched ahead (reads keep fetching further ahead; those fetches fail, harmlessly).
+    s.faults().add(
+        FaultRule::new(Fault::internal_error())
+            .method("GET")
+            .path_contains("/seq/")
+            .forever(),
+    );
+    for i in 3..40 {
+        read("seq", i);
+    }
+    s.faults().clear();
+    // Far apart (shuffled): nothing is fetched ahead, one GET per file.
+    read("rnd", 0);
+    let before = settle(&s);
+    let order = [150, 10, 200, 60, 280, 120, 290];
+    for i in order {
+        read("rnd", i);
+    }
+    assert_eq!(settle(&s) - before, order.len() as u64);
 }
 
 #[test]
