@@ -193,7 +193,7 @@ impl Shared {
             }
             let (store, info) = (self.store.clone(), o.clone());
             tokio::spawn(async move {
-                if let Err(e) = store.prefetch(&info).await {
+                if let Err(e) = store.prefetch(&info, 0).await {
                     tracing::debug!(key = info.key, error = %e, "prefetch failed");
                 }
             });
@@ -363,11 +363,38 @@ impl StokerFs {
     }
 }
 
+/// A file read at random whose size is at most this fraction of the cache is fetched whole,
+/// in the background, in parallel parts: random readers of a file that fits (an LMDB or
+/// HDF5 file, a memory-mapped array) soon read from memory instead of paying a request per
+/// read, and every later epoch does.
+const WARM_FRACTION: u64 = 2;
+
+/// Fetches every part of `info` into the cache, `concurrency` at a time.
+async fn warm_whole(store: Store, info: ObjectInfo, concurrency: usize) {
+    use futures::StreamExt;
+    let parts = info.size.div_ceil(store.options().part_size.max(1));
+    futures::stream::iter(0..parts)
+        .map(|b| {
+            let (store, info) = (&store, &info);
+            async move { store.prefetch(info, b).await }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "warming a file failed");
+            }
+        })
+        .await;
+}
+
 /// Serves the reads of one open file, in the order they were sent.
 async fn serve_reads(store: Store, info: ObjectInfo, mut rx: mpsc::UnboundedReceiver<ReadReq>) {
     let mut reader: ObjectReader = store.reader_of(info.clone());
     let mut last_end = 0u64;
     let mut run = 0u32; // contiguous reads in a row
+    let mut warming: Option<tokio::task::JoinHandle<()>> = None;
+    let cache = store.cache().stats();
+    let warm_limit = (cache.memory_capacity + cache.disk_capacity) / WARM_FRACTION;
     while let Some(req) = rx.recv().await {
         if req.offset >= info.size || req.size == 0 {
             req.reply.data(&[]);
@@ -388,7 +415,20 @@ async fn serve_reads(store: Store, info: ObjectInfo, mut rx: mpsc::UnboundedRece
                 Err(e) => req.reply.error(to_errno(&e, &info.key)),
             }
         } else {
-            // On its own: just these bytes, concurrently with whatever comes next.
+            if warming.is_none()
+                && store.caches()
+                && info.size > store.options().part_size
+                && info.size <= warm_limit
+            {
+                let concurrency = store.options().max_concurrency;
+                warming = Some(tokio::spawn(warm_whole(
+                    store.clone(),
+                    info.clone(),
+                    concurrency,
+                )));
+            }
+            // On its own: just these bytes (or the cached part that holds them),
+            // concurrently with whatever comes next.
             let (store, info) = (store.clone(), info.clone());
             tokio::spawn(async move {
                 match store.get_range_of(&info, req.offset..end).await {
@@ -397,6 +437,10 @@ async fn serve_reads(store: Store, info: ObjectInfo, mut rx: mpsc::UnboundedRece
                 }
             });
         }
+    }
+    // Closed: a warm-up still running stops (what it fetched stays cached).
+    if let Some(w) = warming {
+        w.abort();
     }
 }
 

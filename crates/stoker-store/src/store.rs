@@ -470,14 +470,15 @@ impl Store {
         }
     }
 
-    /// Brings the first part of an object (all of it, up to the part size) into the block
-    /// cache, for a read that is expected soon. Returns at once when the cache is off (the
-    /// bytes would have nowhere to wait) or the block is already cached.
-    pub async fn prefetch(&self, info: &ObjectInfo) -> Result<()> {
-        if !self.inner.cache_enabled || info.size == 0 {
+    /// Brings part `block` of an object (block 0 of an object up to the part size is all of
+    /// it) into the block cache, for a read that is expected soon. Returns at once when the
+    /// cache is off (the bytes would have nowhere to wait), and without a request when the
+    /// block is cached; joins a fetch of the same block already in flight.
+    pub async fn prefetch(&self, info: &ObjectInfo, block: u64) -> Result<()> {
+        if !self.inner.cache_enabled || block * self.inner.opts.part_size >= info.size {
             return Ok(());
         }
-        self.block(info, 0).await.map(drop)
+        self.block(info, block).await.map(drop)
     }
 
     /// Whether reads populate a block cache (memory or disk).

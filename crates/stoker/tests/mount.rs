@@ -763,6 +763,37 @@ fn claim_in_order_opens_fetch_ahead() {
 }
 
 #[test]
+fn claim_random_reads_warm_a_file_that_fits() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let m = Mounted::start(&s, "s3://mnt/", &["--cache-memory", "256MiB"]);
+    let src = source(&s, "data/big.bin");
+    let f = std::fs::File::open(m.path().join("data/big.bin")).unwrap();
+    let read_at = |off: usize| {
+        let mut buf = vec![0u8; 4096];
+        f.read_exact_at(&mut buf, off as u64).unwrap();
+        assert_eq!(buf, &src[off..off + 4096], "bytes at {off}");
+    };
+    // Two reads far apart: random access to a 24 MiB file, which fits.
+    read_at(20 * MIB + 5);
+    read_at(3 * MIB + 77);
+    settle(&s);
+    // Every GET of it fails from now on: the rest must come from the cache.
+    s.faults().add(
+        FaultRule::new(Fault::internal_error())
+            .method("GET")
+            .path_contains("big.bin")
+            .forever(),
+    );
+    for i in 0..40usize {
+        read_at((i * 7919 * 613) % (src.len() - 4096));
+    }
+    s.faults().clear();
+}
+
+#[test]
 fn every_claim_has_a_test() {
     let doc = include_str!("../../../docs/mount.md");
     let tests = include_str!("mount.rs");
