@@ -58,7 +58,9 @@ impl BufferPool {
                 return buf;
             }
         }
-        Vec::with_capacity(len)
+        let buf = Vec::with_capacity(len);
+        populate(buf.as_ptr(), buf.capacity());
+        buf
     }
 
     /// Freezes a filled buffer into `Bytes` that come back to the pool when the last reference
@@ -111,6 +113,32 @@ impl Drop for Pooled {
         }
     }
 }
+
+/// Faults a new buffer's pages in with one system call (`MADV_POPULATE_WRITE`, Linux 5.14+)
+/// instead of one page fault per 4 KiB while the body is copied in: the same zeroing, without
+/// 2,048 traps per 8 MiB part. Small buffers, and kernels without it, fault as usual.
+fn populate(ptr: *const u8, capacity: usize) {
+    const MIN: usize = 1 << 20;
+    #[cfg(target_os = "linux")]
+    if capacity >= MIN {
+        // Only whole pages inside the allocation.
+        let page = 4096usize;
+        let start = ptr as usize;
+        let first = start.next_multiple_of(page);
+        let end = (start + capacity) / page * page;
+        if end > first {
+            // SAFETY: the range lies inside the vector's allocation, which is live and ours;
+            // MADV_POPULATE_WRITE only faults pages in (it does not change their contents).
+            unsafe {
+                libc::madvise(first as *mut libc::c_void, end - first, MADV_POPULATE_WRITE);
+            }
+        }
+    }
+}
+
+/// Not in every libc crate version yet (value from linux/mman.h).
+#[cfg(target_os = "linux")]
+const MADV_POPULATE_WRITE: libc::c_int = 23;
 
 #[cfg(test)]
 mod tests {
