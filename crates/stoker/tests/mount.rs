@@ -66,6 +66,26 @@ fn server() -> TestServer {
     server_with(Duration::from_millis(1))
 }
 
+/// The `stoker` binary with the server's endpoint and credentials in its environment.
+fn stoker(s: &TestServer) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_stoker"));
+    c.env("AWS_ACCESS_KEY_ID", s.access_key())
+        .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
+        .env("AWS_REGION", s.region())
+        .env("AWS_ENDPOINT_URL", s.endpoint());
+    c
+}
+
+/// Mount flags for a disk cache in `dir` and no memory cache.
+fn disk_cache_args(dir: &tempfile::TempDir) -> [String; 4] {
+    [
+        "--cache-dir".into(),
+        dir.path().to_str().unwrap().into(),
+        "--cache-memory".into(),
+        "0".into(),
+    ]
+}
+
 /// A `stoker mount --foreground` process and its mount point.
 struct Mounted {
     child: Option<Child>,
@@ -78,15 +98,11 @@ impl Mounted {
     }
 
     fn start_at(s: &TestServer, url: &str, extra: &[&str], dir: tempfile::TempDir) -> Mounted {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        let mut child = stoker(s)
             .args(["mount", url])
             .arg(dir.path())
             .args(["--foreground", "--part-size", "1MiB"])
             .args(extra)
-            .env("AWS_ACCESS_KEY_ID", s.access_key())
-            .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
-            .env("AWS_REGION", s.region())
-            .env("AWS_ENDPOINT_URL", s.endpoint())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -471,12 +487,8 @@ fn claim_disk_cache_reused_by_a_later_mount() {
     }
     let s = server();
     let cache = tempfile::tempdir().unwrap();
-    let args = [
-        "--cache-dir",
-        cache.path().to_str().unwrap(),
-        "--cache-memory",
-        "0",
-    ];
+    let args = disk_cache_args(&cache);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let want = source(&s, "data/big.bin");
     {
         let mut m = Mounted::start(&s, "s3://mnt/", &args);
@@ -501,12 +513,8 @@ fn claim_disk_cache_shared_by_concurrent_mounts() {
     }
     let s = server();
     let cache = tempfile::tempdir().unwrap();
-    let args = [
-        "--cache-dir",
-        cache.path().to_str().unwrap(),
-        "--cache-memory",
-        "0",
-    ];
+    let args = disk_cache_args(&cache);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mounts: Vec<Mounted> = (0..3)
         .map(|_| Mounted::start(&s, "s3://mnt/", &args))
         .collect();
@@ -638,16 +646,13 @@ fn claim_errors_name_what_is_wrong() {
     }
     let s = server();
     // A mount point that does not exist.
-    let out = Command::new(env!("CARGO_BIN_EXE_stoker"))
+    let out = stoker(&s)
         .args([
             "mount",
             "s3://mnt/",
             "/nonexistent/stoker-mnt",
             "--foreground",
         ])
-        .env("AWS_ACCESS_KEY_ID", s.access_key())
-        .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
-        .env("AWS_ENDPOINT_URL", s.endpoint())
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -655,12 +660,9 @@ fn claim_errors_name_what_is_wrong() {
     assert!(err.contains("/nonexistent/stoker-mnt"), "{err}");
     // A bucket that does not exist: the store's error, before anything is mounted.
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_stoker"))
+    let out = stoker(&s)
         .args(["mount", "s3://no-such-bucket/"])
         .arg(dir.path())
-        .env("AWS_ACCESS_KEY_ID", s.access_key())
-        .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
-        .env("AWS_ENDPOINT_URL", s.endpoint())
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -676,12 +678,9 @@ fn claim_background_mount_and_unmount() {
     }
     let s = server();
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_stoker"))
+    let out = stoker(&s)
         .args(["mount", "s3://mnt/"])
         .arg(dir.path())
-        .env("AWS_ACCESS_KEY_ID", s.access_key())
-        .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
-        .env("AWS_ENDPOINT_URL", s.endpoint())
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -690,11 +689,7 @@ fn claim_background_mount_and_unmount() {
         std::fs::read(dir.path().join("data/f2.bin")).unwrap(),
         pattern(2, 4095)
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_stoker"))
-        .arg("unmount")
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = stoker(&s).arg("unmount").arg(dir.path()).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let end = Instant::now() + Duration::from_secs(10);
     while is_mounted(dir.path()) {
