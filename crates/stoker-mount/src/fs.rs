@@ -311,7 +311,7 @@ fn to_errno(e: &Error, what: &str) -> Errno {
 pub(crate) struct StokerFs {
     shared: Arc<Shared>,
     rt: tokio::runtime::Handle,
-    files: Mutex<HashMap<u64, mpsc::UnboundedSender<ReadReq>>>,
+    files: Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<ReadReq>>>>,
     dirs: Arc<Mutex<HashMap<u64, Arc<Vec<DirEnt>>>>>,
     next_fh: AtomicU64,
 }
@@ -347,7 +347,7 @@ impl StokerFs {
         let fs = StokerFs {
             shared: Arc::clone(&shared),
             rt,
-            files: Mutex::default(),
+            files: Arc::default(),
             dirs: Arc::default(),
             next_fh: AtomicU64::new(1),
         };
@@ -504,8 +504,7 @@ impl Filesystem for StokerFs {
             return reply.error(Errno::EISDIR);
         }
         let fh = self.fh();
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.files.lock().insert(fh, tx);
+        let files = Arc::clone(&self.files);
         let shared = Arc::clone(&self.shared);
         self.rt.spawn(async move {
             let info = match shared.fresh_info(&node).await {
@@ -526,6 +525,9 @@ impl Filesystem for StokerFs {
             } else {
                 FopenFlags::empty()
             };
+            // Registered only once the open succeeds: a failed open leaves nothing behind.
+            let (tx, rx) = mpsc::unbounded_channel();
+            files.lock().insert(fh, tx);
             tokio::spawn(serve_reads(shared.store.clone(), info, rx));
             reply.opened(FileHandle(fh), flags);
             shared.opened_in_order(&node).await;
