@@ -581,11 +581,9 @@ def environment(ctx: Ctx) -> dict:
         "curl": storage._version(["curl", "--version"]),
         "stoker": storage._version([str(ctx.stoker), "--version"]),
     }
-    try:
-        env["git_commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
-                                           capture_output=True, text=True).stdout.strip()
-    except OSError:
-        pass
+    commit = storage.git_commit()
+    if commit:
+        env["git_commit"] = commit
     return env
 
 
@@ -594,27 +592,15 @@ def environment(ctx: Ctx) -> dict:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--reps", type=int, default=3, help="repetitions per contender and workload (median reported)")
-    p.add_argument("--small", type=int, default=2000, help="number of ~110 KB files in small-* and warm")
-    p.add_argument("--large-mib", type=int, default=1024, help="size of the large file in MiB")
+    storage.add_common_args(p)
     p.add_argument("--tree", type=parse_tree, default=(10, 10, 100),
                    help="the ls -R tree: DIRSxSUBDIRSxFILES (default 10x10x100: 10,000 files)")
     p.add_argument("--fio-io-mib", type=int, default=64, help="MiB fio reads (256 KiB random reads; capped at the file size)")
-    p.add_argument("--latency-ms", type=float, default=10, help="latency the test server adds to each request")
     p.add_argument("--only", default="", help=f"comma-separated contenders (default: {','.join(MOUNTS)})")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated workloads: {','.join(WORKLOADS)}")
     p.add_argument("--with-ceiling", action="store_true",
                    help="also run the storage benchmark's curl ceiling on the large file (for the 90%% target)")
     p.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "mount.json", help="JSON results file")
-    p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("STOKER_BENCH_DATA", "/tmp/stoker-bench-data")),
-                   help="cache for the generated data (shared with bench/storage.py)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
-    p.add_argument("--target-dir", type=Path, default=None,
-                   help="cargo target dir holding release/stoker and release/stoker-testserver (default: $CARGO_TARGET_DIR or ./target)")
-    p.add_argument("--stoker", type=Path, default=None, help="stoker binary (default: <target>/release/stoker)")
-    p.add_argument("--server", type=Path, default=None, help="test server binary (default: <target>/release/stoker-testserver)")
-    p.add_argument("--server-arg", action="append", default=[], help="extra argument for the test server (repeatable)")
     p.add_argument("--stoker-arg", action="append", default=[],
                    help="extra argument for `stoker mount` (repeatable), e.g. --stoker-arg=--max-concurrency=64; "
                         "'{cache_dir}' in it becomes a fresh directory per mount")
@@ -625,7 +611,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="do not drop the kernel caches before each cold mount and between warm epochs")
     p.add_argument("--warm-keep-page-cache", action="store_true",
                    help="warm: keep the kernel page cache between epoch 1 and 2 (epoch 2 may then be served by the kernel)")
-    p.add_argument("--no-warmup", action="store_true", help="skip the untimed curl read of the data before the first rep")
     p.add_argument("--timeout", type=float, default=600, help="seconds before one reader (one rep) is killed")
     a = p.parse_args(argv)
     names = [ALIASES.get(n.strip(), n.strip()) for n in a.only.split(",") if n.strip()] or list(MOUNTS)

@@ -705,29 +705,23 @@ def environment(ctx: Ctx) -> dict:
         for line in out.stdout.splitlines():
             k, v = line.split()
             env[k] = v
-    try:
-        env["git_commit"] = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        pass
+    commit = git_commit()
+    if commit:
+        env["git_commit"] = commit
     return env
 
 
 # ---------------------------------------------------------------- main
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """The options bench/storage.py and bench/mount.py share: data, server and binaries."""
     p.add_argument("--reps", type=int, default=3, help="repetitions per contender and workload (median reported)")
-    p.add_argument("--small", type=int, default=2000, help="number of ~110 KB objects in the small workload")
-    p.add_argument("--large-mib", type=int, default=1024, help="size of the large object in MiB")
+    p.add_argument("--small", type=int, default=2000, help="number of ~110 KB objects (files) in the small workloads")
+    p.add_argument("--large-mib", type=int, default=1024, help="size of the large object (file) in MiB")
     p.add_argument("--latency-ms", type=float, default=10, help="latency the test server adds to each request")
-    p.add_argument("--only", default="", help=f"comma-separated contenders (default all: {','.join(CONTENDERS)})")
-    p.add_argument("--workloads", default="small,large", help="comma-separated workloads: small,large")
-    p.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "storage.json", help="JSON results file")
     p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("STOKER_BENCH_DATA", "/tmp/stoker-bench-data")),
-                   help="cache for the generated data (reused across runs)")
+                   help="cache for the generated data (reused across runs, shared by both benchmarks)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
     p.add_argument("--target-dir", type=Path, default=None,
@@ -735,10 +729,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stoker", type=Path, default=None, help="stoker binary (default: <target>/release/stoker)")
     p.add_argument("--server", type=Path, default=None, help="test server binary (default: <target>/release/stoker-testserver)")
     p.add_argument("--server-arg", action="append", default=[], help="extra argument for the test server (repeatable)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed curl read of the data before the first rep")
+
+
+def git_commit() -> str | None:
+    """HEAD of this checkout, for the results file."""
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                              capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p)
+    p.add_argument("--only", default="", help=f"comma-separated contenders (default all: {','.join(CONTENDERS)})")
+    p.add_argument("--workloads", default="small,large", help="comma-separated workloads: small,large")
+    p.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "storage.json", help="JSON results file")
     p.add_argument("--stoker-arg", action="append", default=[], help="extra argument for `stoker bench` (repeatable), e.g. --stoker-arg=--concurrency=64")
     p.add_argument("--venv", type=Path, default=Path(os.environ.get("STOKER_BENCH_VENV", REPO / ".venv-bench")),
                    help="venv with boto3 and s3torchconnector (bench/setup.sh makes it)")
-    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up read before the first rep")
     p.add_argument("--timeout", type=float, default=600, help="seconds before one rep of one contender is killed")
     a = p.parse_args(argv)
     names = [ALIASES.get(n.strip(), n.strip()) for n in a.only.split(",") if n.strip()] or list(CONTENDERS)
