@@ -27,11 +27,12 @@ mod fs;
 mod inode;
 
 use std::io;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
+use fuser::{Config, MountOption, Session, SessionACL};
 use stoker_store::Store;
 
 /// How to mount.
@@ -106,11 +107,10 @@ pub enum MountError {
 #[derive(Debug)]
 pub struct Mount {
     path: PathBuf,
-    unmounter: SessionUnmounter,
     thread: Option<JoinHandle<io::Result<()>>>,
     ended: Option<tokio::sync::oneshot::Receiver<()>>,
     store: Store,
-    auto_unmount: bool,
+    watcher: Option<Watcher>,
 }
 
 impl Mount {
@@ -119,10 +119,10 @@ impl Mount {
         &self.path
     }
 
-    /// Whether the kernel unmounts by itself if this process dies (fusermount's
-    /// `auto_unmount`; needs root or `user_allow_other`).
+    /// Whether the file system is unmounted by itself if this process dies without
+    /// unmounting (SIGKILL, a crash): true when `fusermount3` is installed, or for root.
     pub fn auto_unmount(&self) -> bool {
-        self.auto_unmount
+        self.watcher.is_some()
     }
 
     /// The store the mount reads through (metrics, cache statistics).
@@ -142,11 +142,10 @@ impl Mount {
     /// Unmounts and waits for the session to end. (Pending disk-cache writes are flushed by
     /// `store().cache().flush()`.)
     pub fn unmount(&mut self) -> io::Result<()> {
-        // With auto_unmount, fuser only lets go of fusermount (which unmounts a file system
-        // only once its daemon is dead); a live one has to be unmounted by us.
-        self.unmounter.unmount()?;
         if self.thread.is_some() && mount_device(&self.path).is_some() {
-            // Lazily: fusermount's own check may hold the directory open at this moment.
+            // Lazily: a file still open on the mount must not keep it mounted (a process
+            // that holds one gets errors once the session ends). The session's loop ends
+            // when the kernel lets go of the connection.
             fusermount_unmount(&self.path, true)?;
         }
         if let Some(t) = self.thread.take() {
@@ -154,6 +153,9 @@ impl Mount {
                 Ok(r) => r?,
                 Err(_) => return Err(io::Error::other("the FUSE session thread panicked")),
             }
+        }
+        if let Some(w) = self.watcher.take() {
+            w.dismiss();
         }
         Ok(())
     }
@@ -208,14 +210,6 @@ fn fusermount() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Whether /etc/fuse.conf lets non-root users ask for `allow_other`/`allow_root`.
-fn user_allow_other() -> bool {
-    std::fs::read_to_string("/etc/fuse.conf").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.trim_start().starts_with("user_allow_other"))
-    })
-}
-
 /// Mounts `store` read-only at `mountpoint`. Network work runs on `runtime`.
 pub fn mount(
     store: Store,
@@ -235,18 +229,12 @@ pub fn mount(
     }
     let path = std::fs::canonicalize(mountpoint).map_err(|e| bad(e.to_string()))?;
 
-    // Unmount by itself when this process dies (no "Transport endpoint is not connected"
-    // left behind): fusermount's auto_unmount, which needs allow_root or allow_other.
-    let may_allow = is_root() || user_allow_other();
     let acl = if options.allow_other {
         SessionACL::All
-    } else if may_allow {
-        SessionACL::RootAndOwner
     } else {
         SessionACL::Owner
     };
-    let auto_unmount = acl != SessionACL::Owner && fusermount().is_some();
-    let mut mount_options = vec![
+    let mount_options = vec![
         MountOption::RO,
         MountOption::FSName(options.fs_name.clone()),
         MountOption::Subtype("stoker".into()),
@@ -255,9 +243,6 @@ pub fn mount(
         MountOption::NoAtime,
         MountOption::DefaultPermissions,
     ];
-    if auto_unmount {
-        mount_options.push(MountOption::AutoUnmount);
-    }
     let mut config = Config::default();
     config.mount_options = mount_options;
     config.acl = acl;
@@ -268,13 +253,19 @@ pub fn mount(
         "" => String::new(),
         p => format!("{p}/"),
     };
+    // Started before the mount, so that it holds nothing of it (no /dev/fuse descriptor).
+    let watcher = Watcher::start(&path);
     let (fs, _shared) = fs::StokerFs::new(store.clone(), runtime, root_prefix, ttl);
-    let mut session = Session::new(fs, &path, &config).map_err(|source| MountError::Mount {
-        path: path.clone(),
-        source,
-    })?;
+    let session = match Session::new(fs, &path, &config) {
+        Ok(s) => s,
+        Err(source) => {
+            if let Some(w) = watcher {
+                w.dismiss();
+            }
+            return Err(MountError::Mount { path, source });
+        }
+    };
     raise_read_ahead(&path, READ_AHEAD_KB);
-    let unmounter = session.unmount_callable();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let thread = std::thread::Builder::new()
         .name("stoker-fuse".into())
@@ -289,12 +280,65 @@ pub fn mount(
         })?;
     Ok(Mount {
         path,
-        unmounter,
         thread: Some(thread),
         ended: Some(rx),
         store,
-        auto_unmount,
+        watcher,
     })
+}
+
+/// Unmounts the file system if this process dies without doing so (SIGKILL, the OOM
+/// killer, a crash), so that no "Transport endpoint is not connected" mount point is left
+/// behind.
+///
+/// fusermount's `auto_unmount` option does this too, but only for root or with
+/// `user_allow_other`, and it gives up when the system's mount table does not list the
+/// mount as it expects; the watcher works for any user who may run `fusermount3 -u`. It is a shell whose standard input is a pipe only this process
+/// writes to: the pipe reaches end-of-file when this process is gone, however it died.
+/// The shell then unmounts (lazily: files still open on the dead mount get errors, the
+/// mount point is free at once) only if the mount point cannot be reached, which is what a
+/// mount whose daemon died looks like; after a clean unmount the directory is reachable
+/// and the shell does nothing.
+#[derive(Debug)]
+struct Watcher {
+    child: std::process::Child,
+}
+
+impl Watcher {
+    fn start(path: &Path) -> Option<Watcher> {
+        let (prog, lazy) = match fusermount() {
+            _ if is_root() => (PathBuf::from("umount"), "-l"),
+            Some(fm) => (fm, "-uz"),
+            None => return None,
+        };
+        let child = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(r#"read _ ; true 2>/dev/null <"$3" || exec "$1" "$2" "$3""#)
+            .arg("stoker-mount-watcher")
+            .arg(&prog)
+            .arg(lazy)
+            .arg(path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            // Its own process group: a Ctrl-C meant for the mount must not stop the watcher.
+            .process_group(0)
+            .spawn();
+        match child {
+            Ok(child) => Some(Watcher { child }),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the unmount watcher");
+                None
+            }
+        }
+    }
+
+    /// After a clean unmount: ends the watcher (it finds the directory reachable) and
+    /// reaps it.
+    fn dismiss(mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
 }
 
 /// Kernel read-ahead for the mount, in KiB. The kernel starts a FUSE mount at 128 KiB,

@@ -42,6 +42,11 @@ pub async fn mount(a: MountArgs) -> anyhow::Result<()> {
         opts = opts.with_metadata_ttl(Duration::from_secs_f64(s));
     }
     let ttl = opts.metadata_ttl;
+    // Before anything is mounted: a signal that arrives once the ready line is out must
+    // unmount, not kill the process with the default action.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     stoker_mount::check_fuse()?;
     let store = Store::open(&a.url, opts)?;
     // Fail now, with the store's message, on a wrong bucket, endpoint or credentials,
@@ -69,13 +74,12 @@ pub async fn mount(a: MountArgs) -> anyhow::Result<()> {
     if !m.auto_unmount() {
         eprintln!(
             "stoker: note: if this process is killed, run `stoker unmount {}` (automatic \
-             unmounting needs root or user_allow_other in /etc/fuse.conf)",
+             unmounting needs fusermount3, from the fuse3 package)",
             m.path().display()
         );
     }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let external = tokio::select! {
-        _ = tokio::signal::ctrl_c() => false,
+        _ = int.recv() => false,
         _ = term.recv() => false,
         _ = m.ended() => true,
     };
