@@ -1,10 +1,13 @@
 //! `stoker-core`: what every Stoker crate shares.
 //!
-//! Today that is the [`MemoryBudget`] (one byte budget for caches, read-ahead and queues, so
-//! memory use has a hard ceiling and pressure turns into backpressure rather than an OOM kill)
-//! and [`ByteSize`] (human sizes such as `8MiB` in every option, flag and spec file). The data
-//! model (`Value`, `Tensor`, `Sample`, `Batch`) and operator metadata join it with the pipeline
-//! engine.
+//! - The data model: a [`Sample`] is a record of named fields, each a [`Value`] (bytes,
+//!   [`Tensor`], text, integer, float, list); a [`Batch`] holds each field stacked across
+//!   samples under a [`CollatePolicy`].
+//! - [`Error`]: what went wrong and where (object, byte offset, record, operator).
+//! - [`OpMeta`]: what an operator declares about itself for the optimizer.
+//! - The [`MemoryBudget`]: one byte budget for caches, read-ahead and queues, so memory use
+//!   has a hard ceiling and pressure turns into backpressure rather than an OOM kill; and
+//!   [`ByteSize`] (human sizes such as `8MiB` in every option, flag and spec file).
 //!
 //! ```
 //! use stoker_core::{ByteSize, MemoryBudget};
@@ -16,7 +19,15 @@
 //! ```
 
 mod budget;
+mod error;
+mod op;
+mod sample;
 mod size;
+mod tensor;
 
 pub use budget::{system_memory_bytes, MemoryBudget, Reservation};
+pub use error::{Error, ErrorKind};
+pub use op::OpMeta;
+pub use sample::{Batch, Collate, CollatePolicy, Sample, Value};
 pub use size::{ByteSize, ParseSizeError};
+pub use tensor::{DType, Element, Tensor};

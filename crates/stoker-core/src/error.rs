@@ -1,0 +1,168 @@
+//! The error every pipeline layer returns: what went wrong, and where.
+//!
+//! A bad record names the object, the byte offset and the operator (or format) that
+//! rejected it; layers add what they know as the error travels up ([`Error::with_object`],
+//! [`Error::with_stage`]). The kind tells a skip policy what may be skipped: a bad record
+//! may, a configuration mistake may not.
+
+use std::fmt;
+
+/// What kind of failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A record is malformed (truncated tar, bad CRC, undecodable field). Skippable.
+    Record,
+    /// An operator failed on a sample (wrong field type, decode failure). Skippable.
+    Operator,
+    /// Reading from storage failed (after the store's retries).
+    Storage,
+    /// The pipeline or an argument is wrong (unknown field, bad spec). Never skipped.
+    Invalid,
+}
+
+impl ErrorKind {
+    /// Whether a skip policy may skip the sample (or the rest of the shard) and go on.
+    pub fn skippable(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::Record | ErrorKind::Operator | ErrorKind::Storage
+        )
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            ErrorKind::Record => "bad record",
+            ErrorKind::Operator => "operator failed",
+            ErrorKind::Storage => "storage error",
+            ErrorKind::Invalid => "invalid",
+        }
+    }
+}
+
+/// A pipeline error with its context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Error {
+    /// What kind of failure.
+    pub kind: ErrorKind,
+    /// The object (URL or key) being read, when known.
+    pub object: Option<String>,
+    /// Byte offset in the object, when known.
+    pub offset: Option<u64>,
+    /// Record index in the object, when known.
+    pub record: Option<u64>,
+    /// The format or operator that failed (`tar`, `tfrecord`, `map(decode_utf8)`).
+    pub stage: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl Error {
+    /// A new error of `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error {
+            kind,
+            object: None,
+            offset: None,
+            record: None,
+            stage: None,
+            message: message.into(),
+        }
+    }
+
+    /// A malformed record.
+    pub fn record(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Record, message)
+    }
+
+    /// An operator failure.
+    pub fn operator(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Operator, message)
+    }
+
+    /// A storage failure.
+    pub fn storage(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Storage, message)
+    }
+
+    /// A mistake in the pipeline or its arguments.
+    pub fn invalid(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Invalid, message)
+    }
+
+    /// Sets the object, unless already set.
+    pub fn with_object(mut self, object: impl Into<String>) -> Error {
+        self.object.get_or_insert_with(|| object.into());
+        self
+    }
+
+    /// Sets the byte offset, unless already set.
+    pub fn with_offset(mut self, offset: u64) -> Error {
+        self.offset.get_or_insert(offset);
+        self
+    }
+
+    /// Sets the record index, unless already set.
+    pub fn with_record(mut self, record: u64) -> Error {
+        self.record.get_or_insert(record);
+        self
+    }
+
+    /// Sets the failing format or operator, unless already set.
+    pub fn with_stage(mut self, stage: impl Into<String>) -> Error {
+        self.stage.get_or_insert_with(|| stage.into());
+        self
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.kind.label())?;
+        if let Some(s) = &self.stage {
+            write!(f, " in {s}")?;
+        }
+        if let Some(o) = &self.object {
+            write!(f, ", {o}")?;
+        }
+        if let Some(r) = self.record {
+            write!(f, " record {r}")?;
+        }
+        if let Some(o) = self.offset {
+            write!(f, " at byte {o}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Error {
+        let kind = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            ErrorKind::Record
+        } else {
+            ErrorKind::Storage
+        };
+        Error::new(kind, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_everything_known() {
+        let e = Error::record("bad CRC of data")
+            .with_stage("tfrecord")
+            .with_object("s3://b/train-0.tfrecord")
+            .with_offset(1234)
+            .with_record(7);
+        assert_eq!(
+            e.to_string(),
+            "bad record in tfrecord, s3://b/train-0.tfrecord record 7 at byte 1234: bad CRC of data"
+        );
+        // The innermost context wins.
+        assert_eq!(e.with_stage("outer").stage.as_deref(), Some("tfrecord"));
+    }
+}

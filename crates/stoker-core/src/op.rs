@@ -1,0 +1,62 @@
+//! What an operator says about itself, for the optimizer.
+//!
+//! The optimizer never special-cases an operator by name: it reorders, fuses and places
+//! operators using only these declarations (and measured profiles).
+
+/// An operator's declaration.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct OpMeta {
+    /// The name shown in plans, stats and errors (`map(decode_utf8)`).
+    pub name: String,
+    /// Same input, same output. A random operator (augmentation) is not deterministic; it
+    /// draws from a generator seeded by the pipeline seed, the epoch and the sample's
+    /// position, so a pipeline stays reproducible (and resumable) whatever the parallelism.
+    pub deterministic: bool,
+    /// Keeps no state between samples (so it may run on any number of workers).
+    pub stateless: bool,
+    /// Expected CPU time per sample, in nanoseconds, when known.
+    pub cost_ns: Option<f64>,
+    /// Output bytes per input byte, when known (a decode is > 1, a crop < 1).
+    pub size_ratio: Option<f64>,
+    /// Names of operators this one may be swapped with without changing results.
+    pub commutes_with: Vec<String>,
+}
+
+impl OpMeta {
+    /// A deterministic, stateless operator named `name`, with nothing else known.
+    pub fn new(name: impl Into<String>) -> OpMeta {
+        OpMeta {
+            name: name.into(),
+            deterministic: true,
+            stateless: true,
+            cost_ns: None,
+            size_ratio: None,
+            commutes_with: Vec::new(),
+        }
+    }
+
+    /// Marks it random.
+    pub fn random(mut self) -> OpMeta {
+        self.deterministic = false;
+        self
+    }
+
+    /// Sets the cost hint.
+    pub fn with_cost_ns(mut self, ns: f64) -> OpMeta {
+        self.cost_ns = Some(ns);
+        self
+    }
+
+    /// Sets the output-size hint.
+    pub fn with_size_ratio(mut self, r: f64) -> OpMeta {
+        self.size_ratio = Some(r);
+        self
+    }
+
+    /// Adds an operator it commutes with.
+    pub fn commutes_with(mut self, other: impl Into<String>) -> OpMeta {
+        self.commutes_with.push(other.into());
+        self
+    }
+}

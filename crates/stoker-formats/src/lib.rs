@@ -1,0 +1,18 @@
+//! `stoker-formats`: record formats over byte streams.
+//!
+//! A [`Format`] turns one object into samples through a [`RecordReader`]. Streaming
+//! formats read the object's chunks in order through a [`ChunkCursor`], which slices
+//! fields out of the chunks storage returned without copying them; Parquet reads by
+//! range. Every error names the object, the byte offset, the record and the format.
+//!
+//! | format | module | one object is |
+//! |---|---|---|
+//! | plain files | [`files::Files`] | one sample (`__key__`, `__url__`, the bytes under its extension) |
+//! | ImageFolder | [`files::ImageFolder`] | one sample plus `label` (class index, sorted like torchvision) |
+
+pub mod files;
+mod format;
+mod input;
+
+pub use format::{locate, Access, Format, RecordReader, ShardInfo};
+pub use input::{ByteSource, ChunkCursor, Input, IterSource, RandomAccess};
