@@ -15,6 +15,9 @@ pub struct OpMeta {
     pub deterministic: bool,
     /// Keeps no state between samples (so it may run on any number of workers).
     pub stateless: bool,
+    /// May drop samples (a filter). An operator that never drops keeps the number of
+    /// samples, so it commutes with a shuffle buffer and the optimizer may move it there.
+    pub filters: bool,
     /// Expected CPU time per sample, in nanoseconds, when known.
     pub cost_ns: Option<f64>,
     /// Output bytes per input byte, when known (a decode is > 1, a crop < 1).
@@ -30,6 +33,7 @@ impl OpMeta {
             name: name.into(),
             deterministic: true,
             stateless: true,
+            filters: false,
             cost_ns: None,
             size_ratio: None,
             commutes_with: Vec::new(),
@@ -39,6 +43,12 @@ impl OpMeta {
     /// Marks it random.
     pub fn random(mut self) -> OpMeta {
         self.deterministic = false;
+        self
+    }
+
+    /// Marks it a filter (it may drop samples).
+    pub fn filter(mut self) -> OpMeta {
+        self.filters = true;
         self
     }
 

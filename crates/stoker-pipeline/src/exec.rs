@@ -1,0 +1,1419 @@
+//! The executor: threads, bounded queues, ordered reassembly, the sequential tail, and the
+//! checkpoints that make a run resumable.
+//!
+//! ```text
+//! source thread ──work queue──▶ N workers (fused per-sample ops) ──▶ reorder ──▶ tail thread
+//!   (fetch/parse,                 (CPU pool, autotuned)              (by seq)    (shuffle, batch,
+//!    cursor history)                                                             take/skip; marks)
+//!                                                                      ──output queue──▶ consumer
+//! ```
+//!
+//! **Order.** The source numbers what it emits (`seq`); workers finish in any order; the
+//! tail takes results strictly by `seq` (unless the run is not deterministic), so the
+//! output does not depend on the number of workers or their timing. Every random choice is
+//! a pure function of (seed, epoch, position), see [`crate::rng`].
+//!
+//! **Memory.** Every queue is bounded, and the source may not run more than `window`
+//! samples ahead of the tail: a slow consumer stops the whole pipeline, it never grows it.
+//!
+//! **Resume.** Each item handed to the consumer carries a mark: the epoch, the last `seq`
+//! the tail had taken in, the position of the shuffle buffer's undo log, and the small
+//! state of the other tail stages (a partial batch's positions, take/skip counters). The
+//! source keeps the cursor it had after each `seq` until the consumer is past it, and the
+//! shuffle stage keeps an undo log of its moves. So [`Run::state`] can give the state as of
+//! the last item the consumer took (not as of what the pipeline has read ahead): the source
+//! cursor after that `seq`, and the shuffle buffer rewound to that moment, as positions. A
+//! restored run reopens the source at the cursor and reads the buffered positions again.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
+use parking_lot::{Condvar, Mutex};
+use stoker_core::{Batch, CollatePolicy, Error, MemoryBudget, Reservation, Sample};
+
+use crate::ops::{OpContext, SampleOp};
+use crate::plan::{ErrorPolicy, Op, Pipeline};
+use crate::rng::Rng;
+use crate::source::{
+    materialize, run_source, Dataset, Element, Pos, Produced, SourceConfig, SourceCursor,
+};
+use crate::stats::{StageCounters, Stats, StatsHub};
+
+/// What a pipeline yields.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    /// A sample.
+    Sample(Sample),
+    /// A batch.
+    Batch(Batch),
+}
+
+impl Item {
+    /// Samples in it.
+    pub fn samples(&self) -> usize {
+        match self {
+            Item::Sample(_) => 1,
+            Item::Batch(b) => b.len(),
+        }
+    }
+    /// The sample, if it is one.
+    pub fn into_sample(self) -> Option<Sample> {
+        match self {
+            Item::Sample(s) => Some(s),
+            Item::Batch(_) => None,
+        }
+    }
+    /// The batch, if it is one.
+    pub fn into_batch(self) -> Option<Batch> {
+        match self {
+            Item::Batch(b) => Some(b),
+            Item::Sample(_) => None,
+        }
+    }
+    fn size_bytes(&self) -> usize {
+        match self {
+            Item::Sample(s) => s.size_bytes(),
+            Item::Batch(b) => b.size_bytes(),
+        }
+    }
+}
+
+/// A tail stage's state in a checkpoint.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StageState {
+    /// Keeps nothing.
+    Stateless,
+    /// A shuffle buffer: picks made this epoch, and the buffered samples' positions in
+    /// buffer order.
+    Shuffle {
+        /// Picks made.
+        emitted: u64,
+        /// Positions in the buffer.
+        buffer: Vec<Pos>,
+    },
+    /// A batch being filled.
+    Batch {
+        /// Positions of its samples so far.
+        partial: Vec<Pos>,
+    },
+    /// A take or skip counter.
+    Count {
+        /// Items counted this epoch.
+        seen: u64,
+    },
+}
+
+/// Where a run is: enough to continue it exactly, in a restored run of the same pipeline.
+/// Small (positions, not data) and serialisable (serde; JSON via `to_json`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PipelineState {
+    /// Format version of this state.
+    pub version: u32,
+    /// The pipeline's seed (a state only fits a pipeline with the same seed).
+    pub seed: u64,
+    /// The epoch being read.
+    pub epoch: u64,
+    /// The source's cursor in that epoch.
+    pub cursor: SourceCursor,
+    /// One per tail stage.
+    pub stages: Vec<StageState>,
+    /// Items yielded in this epoch.
+    pub yielded_in_epoch: u64,
+    /// Items yielded in all.
+    pub yielded: u64,
+    /// Samples yielded in all.
+    pub samples_yielded: u64,
+}
+
+impl PipelineState {
+    /// As JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("state serialises")
+    }
+    /// From JSON.
+    pub fn from_json(s: &str) -> Result<PipelineState, Error> {
+        serde_json::from_str(s).map_err(|e| Error::invalid(format!("not a pipeline state: {e}")))
+    }
+}
+
+const STATE_VERSION: u32 = 1;
+/// How long the source waits for budget before it calls the budget too small.
+const BUDGET_WAIT: Duration = Duration::from_secs(10);
+const SHUFFLE_PICK: u64 = 0x5348_5546;
+
+/// The physical plan: producer ops (parallel) and tail stages (sequential).
+struct Physical {
+    producer: Vec<(usize, Arc<dyn SampleOp>)>,
+    tail: Vec<TailOp>,
+    prefetch: usize,
+    explain: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+enum TailOp {
+    Map(usize, Arc<dyn SampleOp>),
+    Shuffle(usize),
+    Batch(usize, bool, CollatePolicy),
+    Unbatch,
+    Take(u64),
+    Skip(u64),
+}
+
+impl TailOp {
+    fn name(&self) -> String {
+        match self {
+            TailOp::Map(_, op) => format!("map[{}]", op.meta().name),
+            TailOp::Shuffle(n) => format!("shuffle({n})"),
+            TailOp::Batch(n, d, _) => format!("batch({n}{})", if *d { ", drop_last" } else { "" }),
+            TailOp::Unbatch => "unbatch".into(),
+            TailOp::Take(n) => format!("take({n})"),
+            TailOp::Skip(n) => format!("skip({n})"),
+        }
+    }
+}
+
+/// The first optimizer: per-sample operators go to the parallel workers (fused into one
+/// stage) when they come before any sequential stage, or after a shuffle buffer when they
+/// never drop samples (then they commute with it: a shuffle's picks depend only on how many
+/// samples it has seen); a prefetch is added at the end when missing.
+fn optimize(ops: &[Op]) -> Physical {
+    let mut producer = Vec::new();
+    let mut tail = Vec::new();
+    let mut explain = Vec::new();
+    let mut prefetch = None;
+    // True while every tail stage so far is a shuffle (through which 1:1 maps may move).
+    let mut only_shuffles = true;
+    for (i, op) in ops.iter().enumerate() {
+        match op {
+            Op::Map(m) => {
+                let meta = m.meta();
+                if tail.is_empty() || (only_shuffles && !meta.filters) {
+                    if !tail.is_empty() {
+                        explain.push(format!(
+                            "moved {} before the shuffle buffer: it keeps every sample, so \
+                             it commutes with the shuffle and can run on the workers",
+                            meta.name
+                        ));
+                    }
+                    producer.push((i, m.clone()));
+                } else {
+                    tail.push(TailOp::Map(i, m.clone()));
+                }
+            }
+            Op::Shuffle(n) => tail.push(TailOp::Shuffle(*n)),
+            Op::Batch {
+                size,
+                drop_last,
+                collate,
+            } => {
+                only_shuffles = false;
+                tail.push(TailOp::Batch(*size, *drop_last, collate.clone()))
+            }
+            Op::Unbatch => {
+                only_shuffles = false;
+                tail.push(TailOp::Unbatch)
+            }
+            Op::Take(n) => {
+                only_shuffles = false;
+                tail.push(TailOp::Take(*n))
+            }
+            Op::Skip(n) => {
+                only_shuffles = false;
+                tail.push(TailOp::Skip(*n))
+            }
+            Op::Prefetch(n) => prefetch = Some(*n),
+        }
+    }
+    if producer.len() > 1 {
+        explain.push(format!(
+            "fused {} per-sample operators into one worker stage",
+            producer.len()
+        ));
+    }
+    let prefetch = prefetch.unwrap_or_else(|| {
+        explain.push("added prefetch(4) at the end".into());
+        4
+    });
+    Physical {
+        producer,
+        tail,
+        prefetch,
+        explain,
+    }
+}
+
+/// Describes the plan the optimizer produces for `p` (stage names and its reasons).
+pub fn explain(p: &Pipeline) -> String {
+    let ph = optimize(&p.ops);
+    let mut s = String::from("logical:\n");
+    for op in &p.ops {
+        s.push_str(&format!("  {}\n", op_name(op)));
+    }
+    s.push_str("physical:\n  source\n");
+    if !ph.producer.is_empty() {
+        s.push_str(&format!("  workers: {}\n", producer_name(&ph.producer)));
+    }
+    for t in &ph.tail {
+        s.push_str(&format!("  {}\n", t.name()));
+    }
+    s.push_str(&format!("  prefetch({})\n", ph.prefetch));
+    for r in &ph.explain {
+        s.push_str(&format!("  because: {r}\n"));
+    }
+    s
+}
+
+fn op_name(op: &Op) -> String {
+    match op {
+        Op::Map(m) => m.meta().name,
+        Op::Shuffle(n) => format!("shuffle({n})"),
+        Op::Batch { size, .. } => format!("batch({size})"),
+        Op::Unbatch => "unbatch".into(),
+        Op::Take(n) => format!("take({n})"),
+        Op::Skip(n) => format!("skip({n})"),
+        Op::Prefetch(n) => format!("prefetch({n})"),
+    }
+}
+
+fn producer_name(p: &[(usize, Arc<dyn SampleOp>)]) -> String {
+    format!(
+        "map[{}]",
+        p.iter()
+            .map(|(_, o)| o.meta().name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// The shuffle buffer's positions and undo log, shared with the consumer side.
+#[derive(Debug, Default)]
+struct ShuffleMirror {
+    buf: Vec<Pos>,
+    emitted: u64,
+    log: VecDeque<ShufMove>,
+    base: u64,
+    keep_from: u64,
+}
+
+#[derive(Debug, Clone)]
+enum ShufMove {
+    Push,
+    Replace { slot: usize, out: Pos },
+    Remove { slot: usize, out: Pos },
+    EpochStart { emitted: u64 },
+}
+
+impl ShuffleMirror {
+    fn ops(&self) -> u64 {
+        self.base + self.log.len() as u64
+    }
+    fn record(&mut self, m: ShufMove) {
+        while self.base < self.keep_from && !self.log.is_empty() {
+            self.log.pop_front();
+            self.base += 1;
+        }
+        self.log.push_back(m);
+    }
+    /// The buffer and pick count as they were after `ops` moves.
+    fn rewound(&self, ops: u64) -> Result<(Vec<Pos>, u64), Error> {
+        if ops < self.base {
+            return Err(Error::invalid(
+                "checkpoint too old: the undo log was pruned",
+            ));
+        }
+        let mut buf = self.buf.clone();
+        let mut emitted = self.emitted;
+        for m in self.log.iter().skip((ops - self.base) as usize).rev() {
+            match m {
+                ShufMove::Push => {
+                    buf.pop();
+                }
+                ShufMove::Replace { slot, out } => {
+                    buf[*slot] = *out;
+                    emitted -= 1;
+                }
+                ShufMove::Remove { slot, out } => {
+                    if *slot == buf.len() {
+                        buf.push(*out);
+                    } else {
+                        let moved = buf[*slot];
+                        buf.push(moved);
+                        buf[*slot] = *out;
+                    }
+                    emitted -= 1;
+                }
+                ShufMove::EpochStart { emitted: e } => emitted = *e,
+            }
+        }
+        Ok((buf, emitted))
+    }
+}
+
+/// Where the consumer is, as of one item.
+#[derive(Debug, Clone)]
+struct Mark {
+    epoch: u64,
+    last_seq: Option<u64>,
+    shuffle_ops: u64,
+    stages: Vec<StageState>,
+    yielded_in_epoch: u64,
+}
+
+enum OutMsg {
+    Item(Item, Mark, Option<Reservation>),
+    Err(Error),
+}
+
+struct Shared {
+    stats: StatsHub,
+    history: Mutex<VecDeque<(u64, u64, SourceCursor)>>,
+    epoch_start: Mutex<HashMap<u64, SourceCursor>>,
+    shuffle: Mutex<ShuffleMirror>,
+    stop: AtomicBool,
+    tail_next: Mutex<u64>,
+    tail_moved: Condvar,
+    active: AtomicUsize,
+}
+
+/// A running pipeline: an iterator of items, with [`Run::state`] and [`Run::stats`].
+pub struct Run {
+    out: Receiver<OutMsg>,
+    shared: Arc<Shared>,
+    last: Option<Mark>,
+    start: PipelineState,
+    seed: u64,
+    yielded: u64,
+    samples: u64,
+    done: bool,
+    resumable: Result<(), String>,
+    threads: Vec<JoinHandle<()>>,
+    _runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run")
+            .field("yielded", &self.yielded)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl Pipeline {
+    /// Starts the pipeline from the beginning. Call it outside async code (it starts its own
+    /// I/O runtime and lists the source before returning).
+    pub fn run(&self) -> Result<Run, Error> {
+        Run::start(self, None)
+    }
+
+    /// Starts the pipeline from a state given by [`Run::state`] of a run of the same
+    /// pipeline: it yields exactly the items that run had not yet yielded.
+    pub fn resume(&self, state: &PipelineState) -> Result<Run, Error> {
+        Run::start(self, Some(state.clone()))
+    }
+
+    /// The optimizer's plan, with its reasons.
+    pub fn explain(&self) -> String {
+        explain(self)
+    }
+}
+
+impl Run {
+    fn start(p: &Pipeline, state: Option<PipelineState>) -> Result<Run, Error> {
+        p.validate()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("stoker-io")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::invalid(format!("cannot start the I/O runtime: {e}")))?;
+        let budget = match p.options.memory_limit {
+            Some(l) => MemoryBudget::new(l),
+            None => MemoryBudget::from_system(),
+        };
+        let ds = Arc::new(Dataset::resolve(
+            &p.source,
+            &p.format,
+            runtime.handle(),
+            Some(budget.clone()),
+            p.options.memory_limit,
+        )?);
+        let ph = optimize(&p.ops);
+        let cfg = SourceConfig {
+            shuffle_shards: p.shuffle_shards,
+            cycle: p.cycle,
+            rank: p.rank,
+            seed: p.seed,
+        };
+        if let Some(s) = &state {
+            if s.seed != p.seed || s.version != STATE_VERSION || s.stages.len() != ph.tail.len() {
+                return Err(Error::invalid(
+                    "this state was not taken from a run of this pipeline (seed, version or \
+                     stages differ)",
+                ));
+            }
+        }
+        let resumable = if !p.options.deterministic {
+            Err("state() needs a deterministic run".to_string())
+        } else if ph.tail.iter().any(|t| matches!(t, TailOp::Unbatch)) {
+            Err("state() does not support unbatch yet".to_string())
+        } else if ph
+            .tail
+            .iter()
+            .skip_while(|t| !matches!(t, TailOp::Batch(..)))
+            .any(|t| matches!(t, TailOp::Shuffle(_)))
+        {
+            Err("state() does not support a shuffle after a batch yet".to_string())
+        } else {
+            Ok(())
+        };
+        let mut names = vec![format!("source({})", ds.format.name())];
+        if !ph.producer.is_empty() {
+            names.push(producer_name(&ph.producer));
+        }
+        names.extend(ph.tail.iter().map(TailOp::name));
+        names.push(format!("prefetch({})", ph.prefetch));
+        let threads = p.options.threads.max(1);
+        let shared = Arc::new(Shared {
+            stats: StatsHub::new(names),
+            history: Mutex::new(VecDeque::new()),
+            epoch_start: Mutex::new(HashMap::new()),
+            shuffle: Mutex::new(ShuffleMirror::default()),
+            stop: AtomicBool::new(false),
+            tail_next: Mutex::new(0),
+            tail_moved: Condvar::new(),
+            active: AtomicUsize::new(threads),
+        });
+        shared
+            .stats
+            .threads
+            .store(threads as u64, Ordering::Relaxed);
+        let start_state = state.clone().unwrap_or(PipelineState {
+            version: STATE_VERSION,
+            seed: p.seed,
+            epoch: 0,
+            cursor: SourceCursor::default(),
+            stages: ph
+                .tail
+                .iter()
+                .map(|t| match t {
+                    TailOp::Shuffle(_) => StageState::Shuffle {
+                        emitted: 0,
+                        buffer: vec![],
+                    },
+                    TailOp::Batch(..) => StageState::Batch { partial: vec![] },
+                    TailOp::Take(_) | TailOp::Skip(_) => StageState::Count { seen: 0 },
+                    _ => StageState::Stateless,
+                })
+                .collect(),
+            yielded_in_epoch: 0,
+            yielded: 0,
+            samples_yielded: 0,
+        });
+
+        let (work_tx, work_rx) = bounded::<(u64, Produced)>(p.options.window);
+        let (done_tx, done_rx) = unbounded::<Done>();
+        let (out_tx, out_rx) = bounded::<OutMsg>(ph.prefetch);
+        let producer = Arc::new(ph.producer.clone());
+        let mut handles = Vec::new();
+        let map_stage = (!ph.producer.is_empty()).then(|| shared.stats.stage(1));
+        for w in 0..threads {
+            let rx = work_rx.clone();
+            let tx = done_tx.clone();
+            let producer = producer.clone();
+            let shared = shared.clone();
+            let stage = map_stage.clone();
+            let seed = p.seed;
+            let ds = ds.clone();
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("stoker-cpu-{w}"))
+                    .spawn(move || worker(w, rx, tx, &producer, &shared, stage, seed, &ds))
+                    .expect("spawn worker"),
+            );
+        }
+        drop(work_rx);
+        let tail_ctx = TailCtx {
+            ds: ds.clone(),
+            budget: budget.clone(),
+            cfg,
+            shared: shared.clone(),
+            ph_tail: ph.tail.clone(),
+            producer,
+            seed: p.seed,
+            epochs: p.epochs,
+            policy: p.options.errors,
+            deterministic: p.options.deterministic,
+            window: p.options.window as u64,
+            threads,
+            autotune: p.options.autotune,
+            state: state.clone(),
+            tail_offset: if ph.producer.is_empty() { 1 } else { 2 },
+        };
+        handles.push(
+            std::thread::Builder::new()
+                .name("stoker-tail".into())
+                .spawn(move || tail_ctx.run(work_tx, done_tx, done_rx, out_tx))
+                .expect("spawn tail"),
+        );
+        Ok(Run {
+            out: out_rx,
+            shared,
+            last: None,
+            yielded: start_state.yielded,
+            samples: start_state.samples_yielded,
+            seed: p.seed,
+            start: start_state,
+            done: false,
+            resumable,
+            threads: handles,
+            _runtime: Some(runtime),
+        })
+    }
+
+    /// Statistics now (cheap; safe to call while iterating from another thread's copy).
+    pub fn stats(&self) -> Stats {
+        self.shared.stats.snapshot()
+    }
+
+    /// The position after the last item this run yielded.
+    pub fn state(&self) -> Result<PipelineState, Error> {
+        if let Err(why) = &self.resumable {
+            return Err(Error::invalid(why.clone()));
+        }
+        let Some(m) = &self.last else {
+            return Ok(self.start.clone());
+        };
+        let cursor = match m.last_seq {
+            Some(seq) => self
+                .shared
+                .history
+                .lock()
+                .iter()
+                .find(|(e, s, _)| *e == m.epoch && *s == seq)
+                .map(|(_, _, c)| c.clone())
+                .ok_or_else(|| Error::invalid("the source's cursor history lost this position"))?,
+            None => self
+                .shared
+                .epoch_start
+                .lock()
+                .get(&m.epoch)
+                .cloned()
+                .unwrap_or_default(),
+        };
+        let mut stages = m.stages.clone();
+        for st in stages.iter_mut() {
+            if let StageState::Shuffle { emitted, buffer } = st {
+                let (b, e) = self.shared.shuffle.lock().rewound(m.shuffle_ops)?;
+                *buffer = b;
+                *emitted = e;
+            }
+        }
+        Ok(PipelineState {
+            version: STATE_VERSION,
+            seed: self.seed,
+            epoch: m.epoch,
+            cursor,
+            stages,
+            yielded_in_epoch: m.yielded_in_epoch,
+            yielded: self.yielded,
+            samples_yielded: self.samples,
+        })
+    }
+}
+
+impl Iterator for Run {
+    type Item = Result<Item, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let prefetch = self.shared.stats.stages.len() - 1;
+        let out_stage = self.shared.stats.stage(prefetch);
+        out_stage
+            .queue_len
+            .store(self.out.len() as u64, Ordering::Relaxed);
+        match self.out.recv() {
+            Ok(OutMsg::Item(item, mark, hold)) => {
+                // The consumer owns the item now: its bytes leave the budget.
+                drop(hold);
+                self.yielded += 1;
+                let n = item.samples() as u64;
+                self.samples += n;
+                self.shared.stats.items.fetch_add(1, Ordering::Relaxed);
+                self.shared.stats.samples.fetch_add(n, Ordering::Relaxed);
+                out_stage.add(&out_stage.items_out, 1);
+                // What the consumer is past can be forgotten.
+                if let Some(seq) = mark.last_seq {
+                    let mut h = self.shared.history.lock();
+                    while h
+                        .front()
+                        .is_some_and(|(e, s, _)| (*e, *s) < (mark.epoch, seq))
+                    {
+                        h.pop_front();
+                    }
+                }
+                self.shared.shuffle.lock().keep_from = mark.shuffle_ops;
+                self.last = Some(mark);
+                Some(Ok(item))
+            }
+            Ok(OutMsg::Err(e)) => {
+                self.done = true;
+                Some(Err(e))
+            }
+            Err(_) => {
+                self.done = true;
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.tail_moved.notify_all();
+        // Unblock the tail if it waits for room in the output queue.
+        let (_, empty) = bounded::<OutMsg>(0);
+        self.out = empty;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+enum Done {
+    Item {
+        seq: u64,
+        result: Result<Option<Element>, Error>,
+    },
+    SourceEnd {
+        next_seq: u64,
+    },
+}
+
+#[allow(clippy::too_many_arguments)]
+fn worker(
+    index: usize,
+    rx: Receiver<(u64, Produced)>,
+    tx: Sender<Done>,
+    producer: &[(usize, Arc<dyn SampleOp>)],
+    shared: &Shared,
+    stage: Option<Arc<StageCounters>>,
+    seed: u64,
+    ds: &Dataset,
+) {
+    loop {
+        // Parked by the autotuner.
+        while index >= shared.active.load(Ordering::Relaxed) {
+            if shared.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let t0 = Instant::now();
+        let (epoch, p) = match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(m) => m,
+            Err(RecvTimeoutError::Timeout) => {
+                if let Some(s) = &stage {
+                    s.add(&s.wait_ns, t0.elapsed().as_nanos() as u64);
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        let t1 = Instant::now();
+        let (seq, result) = match p {
+            Produced::Fail { seq, pos, error } => (
+                seq,
+                Err(error
+                    .with_object(ds.shards[pos.shard as usize].url.clone())
+                    .with_record(pos.record)),
+            ),
+            Produced::Elem(el) => (el.seq, apply_producer(el, producer, seed, epoch, ds)),
+        };
+        if let Some(s) = &stage {
+            s.add(&s.wait_ns, (t1 - t0).as_nanos() as u64);
+            s.add(&s.busy_ns, t1.elapsed().as_nanos() as u64);
+            s.add(&s.items_in, 1);
+            match &result {
+                Ok(Some(_)) => s.add(&s.items_out, 1),
+                Ok(None) => s.add(&s.dropped, 1),
+                Err(_) => {}
+            }
+        }
+        if tx.send(Done::Item { seq, result }).is_err() {
+            return;
+        }
+    }
+}
+
+fn apply_producer(
+    mut el: Element,
+    producer: &[(usize, Arc<dyn SampleOp>)],
+    seed: u64,
+    epoch: u64,
+    ds: &Dataset,
+) -> Result<Option<Element>, Error> {
+    for (i, op) in producer {
+        let mut ctx = OpContext::new(seed, epoch, el.pos.shard, el.pos.record, *i);
+        let locate = |e: Error| {
+            e.with_stage(op.meta().name)
+                .with_object(ds.shards[el.pos.shard as usize].url.clone())
+                .with_record(el.pos.record)
+        };
+        match op.apply(el.sample, &mut ctx).map_err(locate)? {
+            Some(s) => el.sample = s,
+            None => {
+                let meta = op.meta();
+                if !meta.filters {
+                    return Err(locate(Error::invalid(
+                        "the operator dropped a sample but does not declare itself a filter \
+                         (OpMeta::filter)",
+                    )));
+                }
+                return Ok(None);
+            }
+        }
+    }
+    Ok(Some(el))
+}
+
+/// What the tail passes between its stages.
+enum Flow {
+    Elem(Element),
+    Batch(Batch, Vec<Pos>, Option<Reservation>),
+}
+
+enum Stage {
+    Map(usize, Arc<dyn SampleOp>),
+    Shuffle {
+        size: usize,
+        buf: Vec<Element>,
+        emitted: u64,
+    },
+    Batch {
+        size: usize,
+        drop_last: bool,
+        collate: CollatePolicy,
+        partial: Vec<Element>,
+    },
+    Unbatch,
+    Take(u64, u64),
+    Skip(u64, u64),
+}
+
+struct TailCtx {
+    ds: Arc<Dataset>,
+    budget: MemoryBudget,
+    cfg: SourceConfig,
+    shared: Arc<Shared>,
+    ph_tail: Vec<TailOp>,
+    producer: Arc<Vec<(usize, Arc<dyn SampleOp>)>>,
+    seed: u64,
+    epochs: Option<u64>,
+    policy: ErrorPolicy,
+    deterministic: bool,
+    window: u64,
+    threads: usize,
+    autotune: bool,
+    state: Option<PipelineState>,
+    tail_offset: usize,
+}
+
+/// The tail's running state within one epoch.
+struct TailRun<'a> {
+    ctx: &'a TailCtx,
+    epoch: u64,
+    stages: Vec<Stage>,
+    last_seq: Option<u64>,
+    yielded_in_epoch: u64,
+    out: &'a Sender<OutMsg>,
+    failed: bool,
+}
+
+impl TailCtx {
+    fn run(
+        self,
+        work_tx: Sender<(u64, Produced)>,
+        done_tx: Sender<Done>,
+        done_rx: Receiver<Done>,
+        out_tx: Sender<OutMsg>,
+    ) {
+        let start_epoch = self.state.as_ref().map_or(0, |s| s.epoch);
+        let mut epoch = start_epoch;
+        let mut tuner = Tuner::new(&self);
+        loop {
+            if self.epochs.is_some_and(|n| epoch >= n) || self.shared.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            self.shared.stats.epoch.store(epoch, Ordering::Relaxed);
+            let restored = self.state.as_ref().filter(|s| s.epoch == epoch);
+            let cursor0 = restored.map(|s| s.cursor.clone()).unwrap_or_default();
+            self.shared
+                .epoch_start
+                .lock()
+                .insert(epoch, cursor0.clone());
+            let mut run = TailRun {
+                ctx: &self,
+                epoch,
+                stages: Vec::new(),
+                last_seq: None,
+                yielded_in_epoch: restored.map_or(0, |s| s.yielded_in_epoch),
+                out: &out_tx,
+                failed: false,
+            };
+            match run.init_stages(restored) {
+                Ok(s) => run.stages = s,
+                Err(e) => {
+                    let _ = out_tx.send(OutMsg::Err(e));
+                    return;
+                }
+            }
+            // The source for this epoch.
+            *self.shared.tail_next.lock() = cursor0.emitted;
+            let source = {
+                let ds = self.ds.clone();
+                let cfg = self.cfg.clone();
+                let shared = self.shared.clone();
+                let work_tx = work_tx.clone();
+                let done_tx = done_tx.clone();
+                let window = self.window;
+                let stage = self.shared.stats.stage(0);
+                let budget = self.budget.clone();
+                let rt = self.ds.runtime.clone();
+                std::thread::Builder::new()
+                    .name("stoker-source".into())
+                    .spawn(move || {
+                        let mut last = Instant::now();
+                        let mut next_seq = cursor0.emitted;
+                        run_source(&ds, &cfg, epoch, cursor0, &mut |mut p, cursor| {
+                            let now = Instant::now();
+                            // The sample's bytes count against the budget until the
+                            // consumer takes it: a full budget stops the source.
+                            if let Produced::Elem(e) = &mut p {
+                                let n = e.sample.size_bytes() as u64;
+                                let hold = budget.try_reserve(n).or_else(|| {
+                                    rt.block_on(tokio::time::timeout(
+                                        BUDGET_WAIT,
+                                        budget.reserve(n),
+                                    ))
+                                    .ok()
+                                });
+                                match hold {
+                                    Some(h) => e.hold = Some(h),
+                                    None => {
+                                        let error = Error::invalid(format!(
+                                            "the memory budget ({} MiB) stayed full for {} s: \
+                                             the shuffle buffer, the queues and the batch \
+                                             being filled need more than it holds; raise \
+                                             memory_limit or make the shuffle buffer smaller",
+                                            budget.limit() >> 20,
+                                            BUDGET_WAIT.as_secs()
+                                        ));
+                                        let (seq, pos) = (e.seq, e.pos);
+                                        p = Produced::Fail { seq, pos, error };
+                                    }
+                                }
+                            }
+                            stage.add(&stage.busy_ns, (now - last).as_nanos() as u64);
+                            stage.add(&stage.items_out, 1);
+                            if let Produced::Elem(e) = &p {
+                                stage.add(&stage.bytes, e.sample.size_bytes() as u64);
+                            }
+                            let seq = p.seq();
+                            next_seq = seq + 1;
+                            shared
+                                .history
+                                .lock()
+                                .push_back((epoch, seq, cursor.clone()));
+                            // Stay within the window of the tail.
+                            {
+                                let mut t = shared.tail_next.lock();
+                                while seq >= *t + window && !shared.stop.load(Ordering::Relaxed) {
+                                    shared
+                                        .tail_moved
+                                        .wait_for(&mut t, Duration::from_millis(50));
+                                }
+                            }
+                            let ok = !shared.stop.load(Ordering::Relaxed)
+                                && work_tx.send((epoch, p)).is_ok();
+                            stage
+                                .queue_len
+                                .store(work_tx.len() as u64, Ordering::Relaxed);
+                            last = Instant::now();
+                            stage.add(&stage.wait_ns, (last - now).as_nanos() as u64);
+                            ok
+                        });
+                        let _ = done_tx.send(Done::SourceEnd { next_seq });
+                    })
+                    .expect("spawn source")
+            };
+            let first = self
+                .state
+                .as_ref()
+                .filter(|s| s.epoch == epoch)
+                .map_or(0, |s| s.cursor.emitted);
+            run.pump(&done_rx, first, &mut tuner);
+            let _ = source.join();
+            if run.failed || self.shared.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            run.flush(0);
+            if run.failed {
+                return;
+            }
+            epoch += 1;
+        }
+    }
+}
+
+impl TailRun<'_> {
+    fn init_stages(&self, restored: Option<&PipelineState>) -> Result<Vec<Stage>, Error> {
+        let ctx = self.ctx;
+        let mut stages = Vec::new();
+        let mut mirror = ctx.shared.shuffle.lock();
+        for (i, t) in ctx.ph_tail.iter().enumerate() {
+            let st = restored.map(|s| &s.stages[i]);
+            stages.push(match t {
+                TailOp::Map(i, op) => Stage::Map(*i, op.clone()),
+                TailOp::Shuffle(n) => {
+                    let (buf, emitted) = match st {
+                        Some(StageState::Shuffle { emitted, buffer }) => {
+                            (self.rematerialize(buffer, i)?, *emitted)
+                        }
+                        _ => (Vec::new(), 0),
+                    };
+                    let prev = mirror.emitted;
+                    mirror.record(ShufMove::EpochStart { emitted: prev });
+                    mirror.buf = buf.iter().map(|e| e.pos).collect();
+                    mirror.emitted = emitted;
+                    Stage::Shuffle {
+                        size: *n,
+                        buf,
+                        emitted,
+                    }
+                }
+                TailOp::Batch(n, d, c) => Stage::Batch {
+                    size: *n,
+                    drop_last: *d,
+                    collate: c.clone(),
+                    partial: match st {
+                        Some(StageState::Batch { partial }) => self.rematerialize(partial, i)?,
+                        _ => Vec::new(),
+                    },
+                },
+                TailOp::Unbatch => Stage::Unbatch,
+                TailOp::Take(n) => Stage::Take(
+                    *n,
+                    match st {
+                        Some(StageState::Count { seen }) => *seen,
+                        _ => 0,
+                    },
+                ),
+                TailOp::Skip(n) => Stage::Skip(
+                    *n,
+                    match st {
+                        Some(StageState::Count { seen }) => *seen,
+                        _ => 0,
+                    },
+                ),
+            });
+        }
+        Ok(stages)
+    }
+
+    /// Samples at `positions`, read again and passed through the producer and the tail
+    /// maps before stage `upto`.
+    fn rematerialize(&self, positions: &[Pos], upto: usize) -> Result<Vec<Element>, Error> {
+        let ctx = self.ctx;
+        let samples = materialize(&ctx.ds, positions)?;
+        let mut out = Vec::with_capacity(samples.len());
+        for (pos, sample) in positions.iter().zip(samples) {
+            let hold = ctx.budget.try_reserve(sample.size_bytes() as u64);
+            let el = Element {
+                seq: 0,
+                pos: *pos,
+                sample,
+                hold,
+            };
+            let mut el = apply_producer(el, &ctx.producer, ctx.seed, self.epoch, &ctx.ds)?
+                .ok_or_else(|| Error::invalid("a buffered sample is filtered out on resume"))?;
+            for t in &ctx.ph_tail[..upto] {
+                if let TailOp::Map(i, op) = t {
+                    let mut c = OpContext::new(ctx.seed, self.epoch, pos.shard, pos.record, *i);
+                    el.sample = op.apply(el.sample, &mut c)?.ok_or_else(|| {
+                        Error::invalid("a buffered sample is filtered out on resume")
+                    })?;
+                }
+            }
+            out.push(el);
+        }
+        Ok(out)
+    }
+
+    /// Takes worker results in order and pushes them through the stages until the source
+    /// has ended and everything it emitted has been seen.
+    fn pump(&mut self, done_rx: &Receiver<Done>, first: u64, tuner: &mut Tuner) {
+        let ctx = self.ctx;
+        let mut next = first;
+        let mut end: Option<u64> = None;
+        let mut pending: BTreeMap<u64, Result<Option<Element>, Error>> = BTreeMap::new();
+        while end != Some(next) {
+            if ctx.shared.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            tuner.tick(ctx);
+            let msg = match done_rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            match msg {
+                Done::SourceEnd { next_seq } => end = Some(next_seq),
+                Done::Item { seq, result } => {
+                    if ctx.deterministic {
+                        pending.insert(seq, result);
+                    } else {
+                        // Any order: renumber as they come.
+                        pending.insert(next, result);
+                    }
+                }
+            }
+            while let Some(result) = pending.remove(&next) {
+                self.last_seq = Some(next);
+                next += 1;
+                {
+                    *ctx.shared.tail_next.lock() = next;
+                    ctx.shared.tail_moved.notify_all();
+                }
+                match result {
+                    Ok(Some(el)) => self.push(0, Flow::Elem(el)),
+                    Ok(None) => {}
+                    Err(e) => self.error(e),
+                }
+                if self.failed {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn error(&mut self, e: Error) {
+        if self.ctx.policy == ErrorPolicy::Skip && e.kind.skippable() {
+            self.ctx.shared.stats.skip(&e);
+        } else {
+            let _ = self.out.send(OutMsg::Err(e));
+            self.failed = true;
+        }
+    }
+
+    fn counters(&self, i: usize) -> Arc<StageCounters> {
+        self.ctx.shared.stats.stage(self.ctx.tail_offset + i)
+    }
+
+    /// Pushes one flow item into stage `i` (and on down).
+    fn push(&mut self, i: usize, item: Flow) {
+        if self.failed {
+            return;
+        }
+        if i == self.stages.len() {
+            self.emit(item);
+            return;
+        }
+        let c = self.counters(i);
+        c.add(&c.items_in, 1);
+        let t0 = Instant::now();
+        let epoch = self.epoch;
+        let seed = self.ctx.seed;
+        let mut outs: Vec<Flow> = Vec::new();
+        let mut err = None;
+        match &mut self.stages[i] {
+            Stage::Map(idx, op) => match item {
+                Flow::Elem(mut el) => {
+                    let mut cx = OpContext::new(seed, epoch, el.pos.shard, el.pos.record, *idx);
+                    match op.apply(el.sample, &mut cx) {
+                        Ok(Some(s)) => {
+                            el.sample = s;
+                            outs.push(Flow::Elem(el));
+                        }
+                        Ok(None) => c.add(&c.dropped, 1),
+                        Err(e) => {
+                            err = Some(
+                                e.with_stage(op.meta().name)
+                                    .with_object(
+                                        self.ctx.ds.shards[el.pos.shard as usize].url.clone(),
+                                    )
+                                    .with_record(el.pos.record),
+                            )
+                        }
+                    }
+                }
+                Flow::Batch(..) => {
+                    err = Some(Error::invalid(format!(
+                        "{} is a per-sample operator but receives batches (put it before \
+                         batch)",
+                        op.meta().name
+                    )))
+                }
+            },
+            Stage::Shuffle { size, buf, emitted } => match item {
+                Flow::Elem(el) => {
+                    let mut m = self.ctx.shared.shuffle.lock();
+                    if buf.len() < *size {
+                        m.buf.push(el.pos);
+                        m.record(ShufMove::Push);
+                        buf.push(el);
+                    } else {
+                        let k = Rng::from_words(&[seed, epoch, SHUFFLE_PICK, *emitted])
+                            .below(buf.len() as u64) as usize;
+                        *emitted += 1;
+                        let out = std::mem::replace(&mut buf[k], el);
+                        m.record(ShufMove::Replace {
+                            slot: k,
+                            out: out.pos,
+                        });
+                        m.buf[k] = buf[k].pos;
+                        m.emitted = *emitted;
+                        outs.push(Flow::Elem(out));
+                    }
+                }
+                Flow::Batch(..) => err = Some(Error::invalid("shuffle after batch")),
+            },
+            Stage::Batch {
+                size,
+                collate,
+                partial,
+                ..
+            } => match item {
+                Flow::Elem(el) => {
+                    partial.push(el);
+                    if partial.len() == *size {
+                        let members = std::mem::take(partial);
+                        match collate_elems(members, collate) {
+                            Ok(f) => outs.push(f),
+                            Err(e) => err = Some(e),
+                        }
+                    }
+                }
+                Flow::Batch(..) => err = Some(Error::invalid("batch of batches")),
+            },
+            Stage::Unbatch => match item {
+                Flow::Batch(b, positions, _hold) => match b.unbatch() {
+                    Ok(samples) => {
+                        for (s, pos) in samples.into_iter().zip(positions) {
+                            outs.push(Flow::Elem(Element {
+                                seq: 0,
+                                pos,
+                                sample: s,
+                                hold: None,
+                            }));
+                        }
+                    }
+                    Err(e) => err = Some(e),
+                },
+                e => outs.push(e),
+            },
+            Stage::Take(n, seen) => {
+                if *seen < *n {
+                    *seen += 1;
+                    outs.push(item);
+                } else {
+                    c.add(&c.dropped, 1);
+                }
+            }
+            Stage::Skip(n, seen) => {
+                if *seen < *n {
+                    *seen += 1;
+                    c.add(&c.dropped, 1);
+                } else {
+                    outs.push(item);
+                }
+            }
+        }
+        c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
+        if let Some(e) = err {
+            self.error(e);
+            return;
+        }
+        for o in outs {
+            c.add(&c.items_out, 1);
+            self.push(i + 1, o);
+        }
+    }
+
+    /// End of the epoch from stage `i` on: drain the shuffle, emit a last partial batch.
+    fn flush(&mut self, i: usize) {
+        if i >= self.stages.len() || self.failed {
+            return;
+        }
+        let epoch = self.epoch;
+        let seed = self.ctx.seed;
+        loop {
+            let item = match &mut self.stages[i] {
+                Stage::Shuffle { buf, emitted, .. } if !buf.is_empty() => {
+                    let k = Rng::from_words(&[seed, epoch, SHUFFLE_PICK, *emitted])
+                        .below(buf.len() as u64) as usize;
+                    *emitted += 1;
+                    let out = buf.swap_remove(k);
+                    let mut m = self.ctx.shared.shuffle.lock();
+                    m.buf.swap_remove(k);
+                    m.emitted = *emitted;
+                    m.record(ShufMove::Remove {
+                        slot: k,
+                        out: out.pos,
+                    });
+                    Flow::Elem(out)
+                }
+                Stage::Batch {
+                    partial,
+                    drop_last,
+                    collate,
+                    ..
+                } if !partial.is_empty() => {
+                    let members = std::mem::take(partial);
+                    if *drop_last {
+                        break;
+                    }
+                    match collate_elems(members, collate) {
+                        Ok(f) => f,
+                        Err(e) => {
+                            self.error(e);
+                            return;
+                        }
+                    }
+                }
+                _ => break,
+            };
+            let c = self.counters(i);
+            c.add(&c.items_out, 1);
+            self.push(i + 1, item);
+            if self.failed {
+                return;
+            }
+        }
+        self.flush(i + 1);
+    }
+
+    fn emit(&mut self, item: Flow) {
+        let (item, hold) = match item {
+            Flow::Elem(e) => (Item::Sample(e.sample), e.hold),
+            Flow::Batch(b, _, hold) => (Item::Batch(b), hold),
+        };
+        self.yielded_in_epoch += 1;
+        let stages = self
+            .stages
+            .iter()
+            .map(|s| match s {
+                Stage::Map(..) | Stage::Unbatch => StageState::Stateless,
+                Stage::Shuffle { .. } => StageState::Shuffle {
+                    emitted: 0,
+                    buffer: vec![],
+                },
+                Stage::Batch { partial, .. } => StageState::Batch {
+                    partial: partial.iter().map(|e| e.pos).collect(),
+                },
+                Stage::Take(_, seen) | Stage::Skip(_, seen) => StageState::Count { seen: *seen },
+            })
+            .collect();
+        let mark = Mark {
+            epoch: self.epoch,
+            last_seq: self.last_seq,
+            shuffle_ops: self.ctx.shared.shuffle.lock().ops(),
+            stages,
+            yielded_in_epoch: self.yielded_in_epoch,
+        };
+        let out_i = self.ctx.shared.stats.stages.len() - 1;
+        let c = self.ctx.shared.stats.stage(out_i);
+        c.add(&c.items_in, 1);
+        c.add(&c.bytes, item.size_bytes() as u64);
+        let t0 = Instant::now();
+        if self.out.send(OutMsg::Item(item, mark, hold)).is_err() {
+            self.failed = true;
+        }
+        c.add(&c.wait_ns, t0.elapsed().as_nanos() as u64);
+        c.queue_len.store(self.out.len() as u64, Ordering::Relaxed);
+    }
+}
+
+fn collate_elems(members: Vec<Element>, collate: &CollatePolicy) -> Result<Flow, Error> {
+    let positions = members.iter().map(|e| e.pos).collect();
+    let mut hold: Option<Reservation> = None;
+    let mut samples = Vec::with_capacity(members.len());
+    for e in members {
+        samples.push(e.sample);
+        if let Some(r) = e.hold {
+            match &mut hold {
+                Some(h) => h.merge(r),
+                None => hold = Some(r),
+            }
+        }
+    }
+    let b = Batch::collate(&samples, collate)?;
+    Ok(Flow::Batch(b, positions, hold))
+}
+
+/// Moves worker threads toward the bottleneck from measured utilisation.
+struct Tuner {
+    last: Instant,
+    busy: u64,
+    max: usize,
+}
+
+impl Tuner {
+    fn new(ctx: &TailCtx) -> Tuner {
+        Tuner {
+            last: Instant::now(),
+            busy: 0,
+            max: ctx.threads,
+        }
+    }
+
+    fn tick(&mut self, ctx: &TailCtx) {
+        if !ctx.autotune
+            || ctx.producer.is_empty()
+            || self.last.elapsed() < Duration::from_millis(250)
+        {
+            return;
+        }
+        let stage = ctx.shared.stats.stage(1);
+        let busy = stage.busy_ns.load(Ordering::Relaxed);
+        let dt = self.last.elapsed().as_nanos() as f64;
+        let active = ctx.shared.active.load(Ordering::Relaxed);
+        let util = (busy - self.busy) as f64 / (dt * active as f64);
+        let queued = ctx.shared.stats.stage(0).queue_len.load(Ordering::Relaxed) as usize;
+        self.busy = busy;
+        self.last = Instant::now();
+        let new = if util > 0.85 && queued > active && active < self.max {
+            Some((
+                active + 1,
+                format!(
+                    "workers {:.0}% busy with {queued} samples waiting",
+                    util * 100.0
+                ),
+            ))
+        } else if util < 0.3 && active > 1 {
+            Some((
+                active - 1,
+                format!("workers only {:.0}% busy", util * 100.0),
+            ))
+        } else {
+            None
+        };
+        if let Some((n, why)) = new {
+            ctx.shared.active.store(n, Ordering::Relaxed);
+            ctx.shared.stats.threads.store(n as u64, Ordering::Relaxed);
+            ctx.shared.stats.autotune.lock().push((
+                ctx.shared.stats.started.elapsed().as_secs_f64(),
+                n as u64,
+                why,
+            ));
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! Per-sample operators: the [`SampleOp`] trait, closures, and the built-in native ops that
+//! pipeline specs name.
+//!
+//! An operator takes a sample and returns it changed, or `None` to drop it (a filter). It
+//! declares itself with [`OpMeta`] (deterministic or random, cost hints) for the
+//! optimizer. A random operator draws only from [`OpContext::rng`], a generator seeded by
+//! the pipeline seed, the epoch, the sample's position and the operator's place in the
+//! pipeline: results do not depend on which worker ran it, or when.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use stoker_core::{DType, Error, OpMeta, Sample, Tensor, Value};
+
+use crate::rng::Rng;
+
+/// What an operator may use besides the sample.
+#[derive(Debug)]
+pub struct OpContext {
+    words: [u64; 5],
+    rng: Option<Rng>,
+}
+
+impl OpContext {
+    /// The context of operator `op` on the sample at `(shard, record)` in `epoch`.
+    pub fn new(seed: u64, epoch: u64, shard: u32, record: u64, op: usize) -> OpContext {
+        OpContext {
+            words: [seed, epoch, shard as u64, record, op as u64],
+            rng: None,
+        }
+    }
+
+    /// The sample's generator (created on first use).
+    pub fn rng(&mut self) -> &mut Rng {
+        let w = self.words;
+        self.rng.get_or_insert_with(|| Rng::from_words(&w))
+    }
+
+    /// The epoch.
+    pub fn epoch(&self) -> u64 {
+        self.words[1]
+    }
+}
+
+/// A per-sample operator.
+pub trait SampleOp: Send + Sync + fmt::Debug {
+    /// Its declaration.
+    fn meta(&self) -> OpMeta;
+    /// Transforms `sample`; `Ok(None)` drops it.
+    fn apply(&self, sample: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error>;
+}
+
+type MapFn = dyn Fn(Sample, &mut OpContext) -> Result<Option<Sample>, Error> + Send + Sync;
+
+/// An operator from a closure.
+#[derive(Clone)]
+pub struct FnOp {
+    meta: OpMeta,
+    f: Arc<MapFn>,
+}
+
+impl fmt::Debug for FnOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FnOp({})", self.meta.name)
+    }
+}
+
+impl FnOp {
+    /// A map (or, returning `None`, a filter) declared by `meta`.
+    pub fn new(
+        meta: OpMeta,
+        f: impl Fn(Sample, &mut OpContext) -> Result<Option<Sample>, Error> + Send + Sync + 'static,
+    ) -> FnOp {
+        FnOp {
+            meta,
+            f: Arc::new(f),
+        }
+    }
+}
+
+impl SampleOp for FnOp {
+    fn meta(&self) -> OpMeta {
+        self.meta.clone()
+    }
+    fn apply(&self, sample: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {
+        (self.f)(sample, ctx)
+    }
+}
+
+/// The built-in operators a spec can name, with their arguments.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Builtin {
+    /// Renames field `from` to `to`.
+    Rename {
+        /// Old name.
+        from: String,
+        /// New name.
+        to: String,
+    },
+    /// Keeps only `fields`.
+    Select {
+        /// Fields to keep.
+        fields: Vec<String>,
+    },
+    /// Removes `fields`.
+    Drop {
+        /// Fields to remove.
+        fields: Vec<String>,
+    },
+    /// Bytes to text (an error on invalid UTF-8).
+    DecodeUtf8 {
+        /// The field.
+        field: String,
+    },
+    /// Text or bytes holding a decimal integer to an integer (`.cls` files).
+    ParseInt {
+        /// The field.
+        field: String,
+    },
+    /// Raw little-endian bytes to a tensor (zero-copy), of `dtype` and `shape` (default:
+    /// 1-D of whatever length the bytes give).
+    ToTensor {
+        /// The field.
+        field: String,
+        /// Element type (`uint8`, `float32`, ...).
+        dtype: String,
+        /// Shape; `None` for 1-D.
+        #[serde(default)]
+        shape: Option<Vec<usize>>,
+    },
+    /// Adds field `to` holding the byte length of `field`.
+    Len {
+        /// The field measured.
+        field: String,
+        /// The new field.
+        to: String,
+    },
+    /// Keeps samples whose `field` has at least `min` (and at most `max`) bytes.
+    FilterLen {
+        /// The field measured.
+        field: String,
+        /// Smallest kept length.
+        #[serde(default)]
+        min: Option<usize>,
+        /// Largest kept length.
+        #[serde(default)]
+        max: Option<usize>,
+    },
+    /// Adds field `to` with a random integer in `0..below` (a random operator, mostly for
+    /// testing reproducibility).
+    RandomInt {
+        /// The new field.
+        to: String,
+        /// Exclusive bound.
+        below: u64,
+    },
+}
+
+impl Builtin {
+    /// The operator's name in plans and errors.
+    pub fn name(&self) -> String {
+        match self {
+            Builtin::Rename { from, to } => format!("rename({from}->{to})"),
+            Builtin::Select { .. } => "select".into(),
+            Builtin::Drop { .. } => "drop".into(),
+            Builtin::DecodeUtf8 { field } => format!("decode_utf8({field})"),
+            Builtin::ParseInt { field } => format!("parse_int({field})"),
+            Builtin::ToTensor { field, .. } => format!("to_tensor({field})"),
+            Builtin::Len { field, .. } => format!("len({field})"),
+            Builtin::FilterLen { field, .. } => format!("filter_len({field})"),
+            Builtin::RandomInt { to, .. } => format!("random_int({to})"),
+        }
+    }
+
+    /// Checks arguments that can be checked before running.
+    pub fn validate(&self) -> Result<(), Error> {
+        match self {
+            Builtin::ToTensor { dtype, .. } if DType::parse(dtype).is_none() => Err(
+                Error::invalid(format!("to_tensor: unknown dtype {dtype:?}")),
+            ),
+            Builtin::RandomInt { below: 0, .. } => {
+                Err(Error::invalid("random_int: `below` must be at least 1"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn take_field(s: &mut Sample, field: &str) -> Result<Value, Error> {
+    s.require(field)?;
+    Ok(s.remove(field).expect("present"))
+}
+
+impl SampleOp for Builtin {
+    fn meta(&self) -> OpMeta {
+        let m = OpMeta::new(self.name());
+        match self {
+            Builtin::RandomInt { .. } => m.random().with_cost_ns(20.0),
+            Builtin::DecodeUtf8 { .. } => m.with_cost_ns(100.0).with_size_ratio(1.0),
+            Builtin::FilterLen { .. } => m.filter().with_cost_ns(10.0).with_size_ratio(1.0),
+            _ => m.with_cost_ns(20.0).with_size_ratio(1.0),
+        }
+    }
+
+    fn apply(&self, mut s: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {
+        match self {
+            Builtin::Rename { from, to } => {
+                s.require(from)?;
+                s.rename(from, to.as_str());
+            }
+            Builtin::Select { fields } => {
+                for f in fields {
+                    s.require(f)?;
+                }
+                s.retain(|n| fields.iter().any(|f| f == n));
+            }
+            Builtin::Drop { fields } => s.retain(|n| !fields.iter().any(|f| f == n)),
+            Builtin::DecodeUtf8 { field } => {
+                let v = take_field(&mut s, field)?;
+                let text = match v {
+                    Value::Bytes(b) => match std::str::from_utf8(&b) {
+                        Ok(t) => Value::Str(t.into()),
+                        Err(e) => {
+                            return Err(Error::operator(format!(
+                                "field {field:?} is not UTF-8: {e}"
+                            )))
+                        }
+                    },
+                    Value::Str(t) => Value::Str(t),
+                    other => {
+                        return Err(Error::operator(format!(
+                            "field {field:?} is {}, not bytes",
+                            other.kind()
+                        )))
+                    }
+                };
+                s.insert(field.as_str(), text);
+            }
+            Builtin::ParseInt { field } => {
+                let v = take_field(&mut s, field)?;
+                let parsed = match &v {
+                    Value::Int(i) => Some(*i),
+                    other => other
+                        .as_bytes()
+                        .and_then(|b| std::str::from_utf8(b).ok())
+                        .and_then(|t| t.trim().parse::<i64>().ok()),
+                };
+                let i = parsed
+                    .ok_or_else(|| Error::operator(format!("field {field:?} is not an integer")))?;
+                s.insert(field.as_str(), i);
+            }
+            Builtin::ToTensor {
+                field,
+                dtype,
+                shape,
+            } => {
+                let dt = DType::parse(dtype)
+                    .ok_or_else(|| Error::invalid(format!("unknown dtype {dtype:?}")))?;
+                let v = take_field(&mut s, field)?;
+                let b: Bytes = match v {
+                    Value::Bytes(b) => b,
+                    other => {
+                        return Err(Error::operator(format!(
+                            "field {field:?} is {}, not bytes",
+                            other.kind()
+                        )))
+                    }
+                };
+                let shape = shape.clone().unwrap_or_else(|| vec![b.len() / dt.size()]);
+                s.insert(
+                    field.as_str(),
+                    Tensor::new(dt, shape, b)
+                        .map_err(|e| Error::operator(format!("field {field:?}: {}", e.message)))?,
+                );
+            }
+            Builtin::Len { field, to } => {
+                let n = s.require(field)?.size_bytes();
+                s.insert(to.as_str(), n as i64);
+            }
+            Builtin::FilterLen { field, min, max } => {
+                let n = s.require(field)?.size_bytes();
+                if min.is_some_and(|m| n < m) || max.is_some_and(|m| n > m) {
+                    return Ok(None);
+                }
+            }
+            Builtin::RandomInt { to, below } => {
+                let v = ctx.rng().below(*below) as i64;
+                s.insert(to.as_str(), v);
+            }
+        }
+        Ok(Some(s))
+    }
+}

@@ -1,0 +1,351 @@
+//! The logical pipeline a user builds, and the options it runs with.
+
+use std::sync::Arc;
+
+use stoker_core::{CollatePolicy, Error, Sample};
+use stoker_formats::Format;
+use stoker_store::{Store, StoreOptions};
+
+use crate::ops::SampleOp;
+
+/// Where the samples come from.
+#[derive(Clone)]
+pub enum Source {
+    /// Every object under a URL prefix (optionally matching a glob), in key order.
+    Url {
+        /// `s3://bucket/prefix/`, `file:///data/`, ...
+        url: String,
+        /// Store options (endpoint, credentials, part size, ...).
+        options: Box<StoreOptions>,
+        /// Only keys matching this glob (relative to the prefix).
+        glob: Option<String>,
+    },
+    /// These keys of an open store, in this order.
+    Keys {
+        /// The store.
+        store: Store,
+        /// Keys relative to the bucket.
+        keys: Vec<String>,
+    },
+    /// Samples already in memory (tests, engine-overhead benchmarks).
+    Memory(Arc<Vec<Sample>>),
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Url { url, glob, .. } => write!(f, "Url({url}, glob={glob:?})"),
+            Source::Keys { keys, .. } => write!(f, "Keys({} keys)", keys.len()),
+            Source::Memory(s) => write!(f, "Memory({} samples)", s.len()),
+        }
+    }
+}
+
+/// The record format, resolved once the listing is known (ImageFolder needs the classes).
+#[derive(Debug, Clone)]
+pub enum FormatChoice {
+    /// Every object is one sample.
+    Files,
+    /// Every object is one sample labelled by its class directory.
+    ImageFolder,
+    /// A fixed format.
+    Fixed(Arc<dyn Format>),
+}
+
+/// What happens to a bad record or a failing operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorPolicy {
+    /// The error is returned and the run ends (the default).
+    #[default]
+    Raise,
+    /// The sample (or the unreadable rest of a shard) is skipped, counted and listed in the
+    /// stats.
+    Skip,
+}
+
+/// What ranks do with the samples that do not divide evenly among them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RankPolicy {
+    /// Every rank drops the last incomplete round (each gets floor(n / world)).
+    #[default]
+    Drop,
+    /// The last round is completed by repeating samples (each gets ceil(n / world)).
+    Pad,
+}
+
+/// Data-parallel sharding: this process is `rank` of `world`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankSplit {
+    /// This rank (0-based).
+    pub rank: u32,
+    /// Number of ranks.
+    pub world: u32,
+    /// What to do with the remainder.
+    pub policy: RankPolicy,
+}
+
+/// One step of the logical plan.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// A per-sample operator (map, or filter when it drops samples).
+    Map(Arc<dyn SampleOp>),
+    /// A seeded shuffle buffer of this many samples.
+    Shuffle(usize),
+    /// Groups samples into batches.
+    Batch {
+        /// Samples per batch.
+        size: usize,
+        /// Drop a last, smaller batch.
+        drop_last: bool,
+        /// How fields are combined.
+        collate: CollatePolicy,
+    },
+    /// Splits batches back into samples.
+    Unbatch,
+    /// At most this many items per epoch.
+    Take(u64),
+    /// Skips this many items at the start of each epoch.
+    Skip(u64),
+    /// Keeps this many finished items ready ahead of the consumer.
+    Prefetch(usize),
+}
+
+/// How a pipeline runs.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RunOptions {
+    /// CPU worker threads for per-sample operators (the autotuner moves within 1..=this).
+    /// Default: the machine's cores.
+    pub threads: usize,
+    /// Adjust the active workers at run time from measured utilisation.
+    pub autotune: bool,
+    /// Same seed, same samples in the same order whatever the parallelism (default true).
+    /// When false, samples leave the workers in the order they finish.
+    pub deterministic: bool,
+    /// Raise or skip on bad records.
+    pub errors: ErrorPolicy,
+    /// The one memory budget for fetch windows, queues, shuffle buffers and the store's
+    /// cache. Default: the store's (a share of the machine's memory).
+    pub memory_limit: Option<u64>,
+    /// Samples in flight between the source and the consumer (reorder window).
+    pub window: usize,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            autotune: true,
+            deterministic: true,
+            errors: ErrorPolicy::Raise,
+            memory_limit: None,
+            window: 1024,
+        }
+    }
+}
+
+impl RunOptions {
+    /// Sets the worker threads.
+    pub fn with_threads(mut self, n: usize) -> Self {
+        self.threads = n.max(1);
+        self
+    }
+    /// Turns the autotuner on or off.
+    pub fn with_autotune(mut self, on: bool) -> Self {
+        self.autotune = on;
+        self
+    }
+    /// Sets deterministic ordering.
+    pub fn with_deterministic(mut self, on: bool) -> Self {
+        self.deterministic = on;
+        self
+    }
+    /// Sets the error policy.
+    pub fn with_errors(mut self, p: ErrorPolicy) -> Self {
+        self.errors = p;
+        self
+    }
+    /// Sets the memory budget.
+    pub fn with_memory_limit(mut self, bytes: u64) -> Self {
+        self.memory_limit = Some(bytes);
+        self
+    }
+    /// Sets the reorder window.
+    pub fn with_window(mut self, n: usize) -> Self {
+        self.window = n.max(1);
+        self
+    }
+}
+
+/// A pipeline: a source, a format, operators, and how to run them. Build it with the
+/// chained methods, then [`Pipeline::run`] it.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    pub(crate) source: Source,
+    pub(crate) format: FormatChoice,
+    pub(crate) shuffle_shards: bool,
+    pub(crate) cycle: usize,
+    pub(crate) rank: Option<RankSplit>,
+    pub(crate) ops: Vec<Op>,
+    pub(crate) epochs: Option<u64>,
+    pub(crate) seed: u64,
+    pub(crate) options: RunOptions,
+}
+
+impl Pipeline {
+    /// A pipeline over `source` read as `format`.
+    pub fn new(source: Source, format: FormatChoice) -> Pipeline {
+        Pipeline {
+            source,
+            format,
+            shuffle_shards: false,
+            cycle: 1,
+            rank: None,
+            ops: Vec::new(),
+            epochs: Some(1),
+            seed: 0,
+            options: RunOptions::default(),
+        }
+    }
+
+    /// Every object under `url` read as `format`.
+    pub fn from_url(url: &str, options: StoreOptions, format: FormatChoice) -> Pipeline {
+        Pipeline::new(
+            Source::Url {
+                url: url.to_string(),
+                options: Box::new(options),
+                glob: None,
+            },
+            format,
+        )
+    }
+
+    /// Samples in memory.
+    pub fn from_samples(samples: Vec<Sample>) -> Pipeline {
+        Pipeline::new(Source::Memory(Arc::new(samples)), FormatChoice::Files)
+    }
+
+    /// Only keys matching `glob` (for a URL source).
+    pub fn glob(mut self, glob: impl Into<String>) -> Self {
+        if let Source::Url { glob: g, .. } = &mut self.source {
+            *g = Some(glob.into());
+        }
+        self
+    }
+
+    /// Shuffles the order of shards (for one-sample-per-object formats: of the objects,
+    /// which is a full shuffle) with a new order every epoch.
+    pub fn shuffle_shards(mut self, on: bool) -> Self {
+        self.shuffle_shards = on;
+        self
+    }
+
+    /// Reads `cycle` shards at once, taking samples from each in turn.
+    pub fn interleave(mut self, cycle: usize) -> Self {
+        self.cycle = cycle.max(1);
+        self
+    }
+
+    /// Keeps this rank's share (see [`RankPolicy`]).
+    pub fn shard_by_rank(mut self, rank: u32, world: u32, policy: RankPolicy) -> Self {
+        self.rank = Some(RankSplit {
+            rank,
+            world,
+            policy,
+        });
+        self
+    }
+
+    /// Adds a per-sample operator.
+    pub fn map(mut self, op: impl SampleOp + 'static) -> Self {
+        self.ops.push(Op::Map(Arc::new(op)));
+        self
+    }
+
+    /// Adds a per-sample operator already in an `Arc`.
+    pub fn map_arc(mut self, op: Arc<dyn SampleOp>) -> Self {
+        self.ops.push(Op::Map(op));
+        self
+    }
+
+    /// Adds a shuffle buffer.
+    pub fn shuffle(mut self, buffer: usize) -> Self {
+        self.ops.push(Op::Shuffle(buffer.max(1)));
+        self
+    }
+
+    /// Batches (auto collate).
+    pub fn batch(self, size: usize, drop_last: bool) -> Self {
+        self.batch_with(size, drop_last, CollatePolicy::default())
+    }
+
+    /// Batches with a collate policy.
+    pub fn batch_with(mut self, size: usize, drop_last: bool, collate: CollatePolicy) -> Self {
+        self.ops.push(Op::Batch {
+            size: size.max(1),
+            drop_last,
+            collate,
+        });
+        self
+    }
+
+    /// Splits batches into samples.
+    pub fn unbatch(mut self) -> Self {
+        self.ops.push(Op::Unbatch);
+        self
+    }
+
+    /// At most `n` items per epoch.
+    pub fn take(mut self, n: u64) -> Self {
+        self.ops.push(Op::Take(n));
+        self
+    }
+
+    /// Skips `n` items per epoch.
+    pub fn skip(mut self, n: u64) -> Self {
+        self.ops.push(Op::Skip(n));
+        self
+    }
+
+    /// Keeps `n` items ready ahead of the consumer.
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.ops.push(Op::Prefetch(n.max(1)));
+        self
+    }
+
+    /// Number of epochs (`None`: repeat forever).
+    pub fn epochs(mut self, n: Option<u64>) -> Self {
+        self.epochs = n;
+        self
+    }
+
+    /// The seed of every random choice.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Run options.
+    pub fn options(mut self, options: RunOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Checks the plan before running.
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        if let Some(r) = self.rank {
+            if r.world == 0 || r.rank >= r.world {
+                return Err(Error::invalid(format!(
+                    "rank {} of world {} is not a valid rank",
+                    r.rank, r.world
+                )));
+            }
+        }
+        if self.epochs == Some(0) {
+            return Err(Error::invalid("epochs must be at least 1"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,648 @@
+//! The source: shards in epoch order, read and turned into samples.
+//!
+//! Two shapes, chosen by the format:
+//!
+//! - **One sample per object** (files, ImageFolder, samples in memory). The epoch's order
+//!   of objects is known in advance (a seeded permutation when shuffling; this rank's share
+//!   of it when sharding by rank), so the source asks the store for the objects in exactly
+//!   that order with [`Store::fetch_many`]: many in flight, delivered in order, within the
+//!   byte window. The cursor is an index into the order.
+//! - **Shards of many records** (tar, TFRecord, Parquet, JSONL, CSV). `cycle` shards are
+//!   open at once, each parsed on its own thread from a streamed read (or ranged reads for
+//!   Parquet), and the source takes one sample from each in turn; an exhausted shard is
+//!   replaced in its slot by the next one in the epoch's order. The cursor is the next
+//!   shard, each slot's shard and records consumed, and whose turn it is. Ranks split the
+//!   resulting stream in rounds of `world` samples (see [`RankPolicy`]).
+//!
+//! Every sample leaves with its position (global shard index, record index) and a sequence
+//! number; the cursor after each emission is what a checkpoint resumes from.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use stoker_core::{Error, Sample};
+use stoker_formats::files::{Files, ImageFolder};
+use stoker_formats::{Access, ByteSource, ChunkCursor, Format, Input, RandomAccess, ShardInfo};
+use stoker_store::{FetchManyOptions, ListOptions, Store};
+
+use crate::plan::{FormatChoice, RankPolicy, RankSplit, Source};
+use crate::rng::permutation;
+
+/// Where a sample came from: the shard's index in the dataset's (sorted) shard list and
+/// the record's index in the shard.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct Pos {
+    /// Shard index.
+    pub shard: u32,
+    /// Record index within the shard.
+    pub record: u64,
+}
+
+/// A sample on its way through the pipeline, holding its bytes against the budget.
+#[derive(Debug)]
+pub(crate) struct Element {
+    pub seq: u64,
+    pub pos: Pos,
+    pub sample: Sample,
+    pub hold: Option<stoker_core::Reservation>,
+}
+
+/// What the source emits.
+#[derive(Debug)]
+pub(crate) enum Produced {
+    Elem(Element),
+    Fail { seq: u64, pos: Pos, error: Error },
+}
+
+impl Produced {
+    pub(crate) fn seq(&self) -> u64 {
+        match self {
+            Produced::Elem(e) => e.seq,
+            Produced::Fail { seq, .. } => *seq,
+        }
+    }
+}
+
+/// Where the source is in an epoch (serialisable, small).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SourceCursor {
+    /// Next index into the epoch's order (objects, or shards not yet opened).
+    pub next: u64,
+    /// Open shards: (index into the epoch's order, records consumed).
+    pub slots: Vec<(u64, u64)>,
+    /// Whose turn it is among the slots.
+    pub rr: u32,
+    /// Samples taken from the slots so far (the rank split's round counter).
+    pub stream_index: u64,
+    /// Emissions so far (the next sequence number).
+    pub emitted: u64,
+}
+
+/// The dataset, resolved: shards, format, store.
+pub(crate) struct Dataset {
+    pub store: Option<Store>,
+    pub shards: Arc<Vec<ShardInfo>>,
+    pub memory: Option<Arc<Vec<Sample>>>,
+    pub format: Arc<dyn Format>,
+    pub per_object: bool,
+    pub runtime: tokio::runtime::Handle,
+    pub fetch: FetchManyOptions,
+}
+
+impl std::fmt::Debug for Dataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Dataset({} shards, {})",
+            self.shards.len(),
+            self.format.name()
+        )
+    }
+}
+
+impl Dataset {
+    /// Lists the source and picks the format.
+    pub(crate) fn resolve(
+        source: &Source,
+        format: &FormatChoice,
+        runtime: &tokio::runtime::Handle,
+        budget: Option<stoker_core::MemoryBudget>,
+        memory_limit: Option<u64>,
+    ) -> Result<Dataset, Error> {
+        let storage = |e: stoker_store::Error| Error::storage(e.to_string());
+        let (store, infos, memory, prefix) = match source {
+            Source::Memory(m) => {
+                let shards = (0..m.len())
+                    .map(|i| ShardInfo::new(format!("{i}"), format!("memory:{i}")))
+                    .collect::<Vec<_>>();
+                (None, shards, Some(m.clone()), String::new())
+            }
+            Source::Url { url, options, glob } => {
+                let mut options = (**options).clone();
+                if let Some(l) = memory_limit {
+                    options = options.with_memory_limit(l);
+                }
+                let store = match budget {
+                    Some(b) => Store::open_with_budget(url, options, b),
+                    None => Store::open(url, options),
+                }
+                .map_err(storage)?;
+                let key = store.url_key().to_string();
+                let mut lo = ListOptions::default();
+                if let Some(g) = glob {
+                    lo = lo.with_glob(g.clone());
+                }
+                let listed = runtime
+                    .block_on(store.list_all(&key, &lo))
+                    .map_err(storage)?;
+                let (listed, prefix) =
+                    if listed.is_empty() && !key.is_empty() && !key.ends_with('/') {
+                        // The URL names one object.
+                        let info = runtime.block_on(store.head(&key)).map_err(storage)?;
+                        let prefix = key
+                            .rfind('/')
+                            .map_or(String::new(), |i| key[..=i].to_string());
+                        (vec![info], prefix)
+                    } else {
+                        let prefix = if key.is_empty() || key.ends_with('/') {
+                            key.clone()
+                        } else {
+                            format!("{key}/")
+                        };
+                        (listed, prefix)
+                    };
+                if listed.is_empty() {
+                    return Err(Error::invalid(format!(
+                        "no objects under {url}{}",
+                        glob.as_ref()
+                            .map(|g| format!(" matching {g:?}"))
+                            .unwrap_or_default()
+                    )));
+                }
+                let shards = listed
+                    .iter()
+                    .map(|o| ShardInfo {
+                        key: o.key.clone(),
+                        url: store.object_url(&o.key),
+                        size: Some(o.size),
+                    })
+                    .collect();
+                (Some(store), shards, None, prefix)
+            }
+            Source::Keys { store, keys } => {
+                let shards = keys
+                    .iter()
+                    .map(|k| ShardInfo::new(k.clone(), store.object_url(k)))
+                    .collect();
+                (Some(store.clone()), shards, None, String::new())
+            }
+        };
+        let format: Arc<dyn Format> = match format {
+            FormatChoice::Files => Arc::new(Files { prefix }),
+            FormatChoice::ImageFolder => Arc::new(ImageFolder::from_keys(
+                &prefix,
+                infos.iter().map(|s| s.key.as_str()),
+            )),
+            FormatChoice::Fixed(f) => f.clone(),
+        };
+        Ok(Dataset {
+            store,
+            shards: Arc::new(infos),
+            memory,
+            per_object: format.one_sample_per_object(),
+            format,
+            runtime: runtime.clone(),
+            fetch: FetchManyOptions::default(),
+        })
+    }
+}
+
+/// How the source orders and splits an epoch.
+#[derive(Debug, Clone)]
+pub(crate) struct SourceConfig {
+    pub shuffle_shards: bool,
+    pub cycle: usize,
+    pub rank: Option<RankSplit>,
+    pub seed: u64,
+}
+
+const SHARD_ORDER: u64 = 0x0053_4841_5244;
+
+/// The epoch's order of shard indices (for one-sample-per-object formats: this rank's
+/// share of it).
+pub(crate) fn epoch_order(ds: &Dataset, cfg: &SourceConfig, epoch: u64) -> Vec<u32> {
+    let n = ds.shards.len();
+    let order = if cfg.shuffle_shards {
+        permutation(n, &[cfg.seed, epoch, SHARD_ORDER])
+    } else {
+        (0..n as u32).collect()
+    };
+    match (ds.per_object, cfg.rank) {
+        (true, Some(r)) if r.world > 1 => {
+            let w = r.world as usize;
+            let rounds = match r.policy {
+                RankPolicy::Drop => n / w,
+                RankPolicy::Pad => n.div_ceil(w),
+            };
+            (0..rounds)
+                .map(|i| order[(i * w + r.rank as usize) % n.max(1)])
+                .collect()
+        }
+        _ => order,
+    }
+}
+
+/// A streamed object as a [`ByteSource`]: a task on the runtime reads it part by part.
+struct StoreStream {
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+}
+
+impl StoreStream {
+    fn start(store: Store, key: String, rt: &tokio::runtime::Handle) -> StoreStream {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        rt.spawn(async move {
+            match store.read_stream(&key, None).await {
+                Ok(mut s) => {
+                    while let Some(part) = s.next().await {
+                        let part = part.map_err(|e| std::io::Error::other(e.to_string()));
+                        let failed = part.is_err();
+                        if tx.send(part).await.is_err() || failed {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+                }
+            }
+        });
+        StoreStream { rx }
+    }
+}
+
+impl ByteSource for StoreStream {
+    fn next_chunk(&mut self) -> std::io::Result<Option<Bytes>> {
+        self.rx.blocking_recv().transpose()
+    }
+}
+
+/// Ranged reads of one object.
+struct StoreRange {
+    store: Store,
+    key: String,
+    size: u64,
+    rt: tokio::runtime::Handle,
+}
+
+impl RandomAccess for StoreRange {
+    fn len(&self) -> u64 {
+        self.size
+    }
+    fn read_range(&self, start: u64, end: u64) -> std::io::Result<Bytes> {
+        self.rt
+            .block_on(self.store.get_range(&self.key, start..end))
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+}
+
+/// The input of shard `id`.
+pub(crate) fn open_input(ds: &Dataset, id: u32) -> Result<Input, Error> {
+    let shard = &ds.shards[id as usize];
+    let store = ds
+        .store
+        .clone()
+        .ok_or_else(|| Error::invalid("this source has no store"))?;
+    Ok(match ds.format.access() {
+        Access::Stream => Input::Stream(ChunkCursor::new(Box::new(StoreStream::start(
+            store,
+            shard.key.clone(),
+            &ds.runtime,
+        )))),
+        Access::Random => {
+            let size = match shard.size {
+                Some(s) => s,
+                None => {
+                    ds.runtime
+                        .block_on(store.head(&shard.key))
+                        .map_err(|e| Error::storage(e.to_string()).with_object(shard.url.clone()))?
+                        .size
+                }
+            };
+            Input::Random(Arc::new(StoreRange {
+                store,
+                key: shard.key.clone(),
+                size,
+                rt: ds.runtime.clone(),
+            }))
+        }
+    })
+}
+
+enum ReaderMsg {
+    Sample(Sample),
+    Err(Error),
+    End,
+}
+
+/// Parses shard `id` on its own thread, after skipping `skip` records.
+fn spawn_reader(ds: &Arc<Dataset>, id: u32, skip: u64) -> crossbeam_channel::Receiver<ReaderMsg> {
+    let (tx, rx) = crossbeam_channel::bounded(64);
+    let ds = ds.clone();
+    std::thread::Builder::new()
+        .name("stoker-shard".into())
+        .spawn(move || {
+            let shard = &ds.shards[id as usize];
+            let reader = open_input(&ds, id).and_then(|input| ds.format.open(shard, input));
+            let mut reader = match reader {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = tx.send(ReaderMsg::Err(e.with_object(shard.url.clone())));
+                    let _ = tx.send(ReaderMsg::End);
+                    return;
+                }
+            };
+            // Records before the checkpoint were delivered (or reported) already.
+            for _ in 0..skip {
+                if let Ok(None) = reader.next() {
+                    break;
+                }
+            }
+            loop {
+                let msg = match reader.next() {
+                    Ok(Some(s)) => ReaderMsg::Sample(s),
+                    Ok(None) => ReaderMsg::End,
+                    Err(e) => ReaderMsg::Err(e.with_object(shard.url.clone())),
+                };
+                let end = matches!(msg, ReaderMsg::End);
+                if tx.send(msg).is_err() || end {
+                    return;
+                }
+            }
+        })
+        .expect("spawn shard reader");
+    rx
+}
+
+/// Runs the source for `epoch` from `cursor`, calling `emit` with each product and the
+/// cursor just after it. Stops early when `emit` returns false.
+pub(crate) fn run_source(
+    ds: &Arc<Dataset>,
+    cfg: &SourceConfig,
+    epoch: u64,
+    mut cursor: SourceCursor,
+    emit: &mut dyn FnMut(Produced, &SourceCursor) -> bool,
+) {
+    let order = epoch_order(ds, cfg, epoch);
+    if ds.per_object {
+        run_per_object(ds, &order, &mut cursor, emit);
+    } else {
+        run_shards(ds, cfg, &order, &mut cursor, emit);
+    }
+}
+
+fn sample_of_object(ds: &Dataset, id: u32, bytes: Bytes) -> Result<Sample, Error> {
+    let shard = &ds.shards[id as usize];
+    let mut r = ds
+        .format
+        .open(shard, Input::Stream(ChunkCursor::from_bytes(bytes)))?;
+    r.next()?
+        .ok_or_else(|| Error::record("no sample").with_object(shard.url.clone()))
+}
+
+fn run_per_object(
+    ds: &Arc<Dataset>,
+    order: &[u32],
+    cursor: &mut SourceCursor,
+    emit: &mut dyn FnMut(Produced, &SourceCursor) -> bool,
+) {
+    let start = cursor.next as usize;
+    if start >= order.len() {
+        return;
+    }
+    let mut send = |cursor: &mut SourceCursor, id: u32, r: Result<Sample, Error>| {
+        let seq = cursor.emitted;
+        cursor.emitted += 1;
+        cursor.next += 1;
+        let pos = Pos {
+            shard: id,
+            record: 0,
+        };
+        let p = match r {
+            Ok(sample) => Produced::Elem(Element {
+                seq,
+                pos,
+                sample,
+                hold: None,
+            }),
+            Err(error) => Produced::Fail { seq, pos, error },
+        };
+        emit(p, cursor)
+    };
+    if let Some(mem) = &ds.memory {
+        for &id in &order[start..] {
+            if !send(cursor, id, Ok(mem[id as usize].clone())) {
+                return;
+            }
+        }
+        return;
+    }
+    let store = ds.store.clone().expect("a store");
+    let keys: Vec<String> = order[start..]
+        .iter()
+        .map(|&i| ds.shards[i as usize].key.clone())
+        .collect();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let fetch = ds.fetch.clone();
+    let task = ds.runtime.spawn(async move {
+        let mut s = store.fetch_many(keys, fetch);
+        while let Some(r) = s.next().await {
+            if tx.send(r).await.is_err() {
+                return;
+            }
+        }
+    });
+    for &id in &order[start..] {
+        let Some(r) = rx.blocking_recv() else { break };
+        let r = r
+            .map_err(|e| {
+                Error::storage(e.to_string()).with_object(ds.shards[id as usize].url.clone())
+            })
+            .and_then(|o| sample_of_object(ds, id, o.bytes));
+        if !send(cursor, id, r) {
+            break;
+        }
+    }
+    task.abort();
+}
+
+struct Slot {
+    order_index: u64,
+    consumed: u64,
+    rx: crossbeam_channel::Receiver<ReaderMsg>,
+}
+
+fn run_shards(
+    ds: &Arc<Dataset>,
+    cfg: &SourceConfig,
+    order: &[u32],
+    cursor: &mut SourceCursor,
+    emit: &mut dyn FnMut(Produced, &SourceCursor) -> bool,
+) {
+    let open = |i: u64, skip: u64| Slot {
+        order_index: i,
+        consumed: skip,
+        rx: spawn_reader(ds, order[i as usize], skip),
+    };
+    let mut slots: Vec<Slot> = if cursor.slots.is_empty() && cursor.next == 0 {
+        let n = cfg.cycle.min(order.len()) as u64;
+        cursor.next = n;
+        (0..n).map(|i| open(i, 0)).collect()
+    } else {
+        cursor.slots.iter().map(|&(i, c)| open(i, c)).collect()
+    };
+    let (rank, world, policy) = match cfg.rank {
+        Some(r) if r.world > 1 => (r.rank as u64, r.world as u64, r.policy),
+        _ => (0, 1, RankPolicy::Drop),
+    };
+    // The current round of `world` samples (kept to pad the last one), and failures
+    // waiting for the round to end (so checkpoints fall on round boundaries).
+    let mut round: Vec<Element> = Vec::new();
+    let mut fails: Vec<(Pos, Error)> = Vec::new();
+    let sync = |cursor: &mut SourceCursor, slots: &[Slot]| {
+        cursor.slots = slots.iter().map(|s| (s.order_index, s.consumed)).collect();
+    };
+    let mut emit_one = |cursor: &mut SourceCursor, slots: &[Slot], p: Produced| -> bool {
+        sync(cursor, slots);
+        cursor.emitted += 1;
+        emit(p, cursor)
+    };
+    loop {
+        if slots.is_empty() {
+            break;
+        }
+        let i = cursor.rr as usize % slots.len();
+        let msg = slots[i].rx.recv().unwrap_or(ReaderMsg::End);
+        let shard = order[slots[i].order_index as usize];
+        match msg {
+            ReaderMsg::Sample(sample) => {
+                let pos = Pos {
+                    shard,
+                    record: slots[i].consumed,
+                };
+                slots[i].consumed += 1;
+                cursor.rr = ((i + 1) % slots.len()) as u32;
+                let k = cursor.stream_index;
+                cursor.stream_index += 1;
+                round.push(Element {
+                    seq: 0,
+                    pos,
+                    sample,
+                    hold: None,
+                });
+                if k % world == world - 1 {
+                    // A full round: this rank's sample, then any failures met on the way.
+                    let mut own = round.swap_remove(rank as usize);
+                    round.clear();
+                    own.seq = cursor.emitted;
+                    if !emit_one(cursor, &slots, Produced::Elem(own)) {
+                        return;
+                    }
+                    for (pos, error) in fails.drain(..) {
+                        let seq = cursor.emitted;
+                        if !emit_one(cursor, &slots, Produced::Fail { seq, pos, error }) {
+                            return;
+                        }
+                    }
+                }
+            }
+            ReaderMsg::Err(error) => {
+                let pos = Pos {
+                    shard,
+                    record: slots[i].consumed,
+                };
+                slots[i].consumed += 1;
+                if world == 1 {
+                    let seq = cursor.emitted;
+                    if !emit_one(cursor, &slots, Produced::Fail { seq, pos, error }) {
+                        return;
+                    }
+                } else {
+                    fails.push((pos, error));
+                }
+            }
+            ReaderMsg::End => {
+                slots.remove(i);
+                if (cursor.next as usize) < order.len() {
+                    slots.insert(i, open(cursor.next, 0));
+                    cursor.next += 1;
+                }
+                cursor.rr = if slots.is_empty() {
+                    0
+                } else {
+                    (i % slots.len()) as u32
+                };
+            }
+        }
+    }
+    sync(cursor, &slots);
+    // The last, incomplete round.
+    if !round.is_empty() && policy == RankPolicy::Pad {
+        let m = round.len();
+        let mut own = round.swap_remove((rank as usize) % m);
+        own.seq = cursor.emitted;
+        if !emit_one(cursor, &slots, Produced::Elem(own)) {
+            return;
+        }
+    }
+    for (pos, error) in fails.drain(..) {
+        let seq = cursor.emitted;
+        if !emit_one(cursor, &slots, Produced::Fail { seq, pos, error }) {
+            return;
+        }
+    }
+}
+
+/// Reads the samples at `positions` again (to rebuild a shuffle buffer or a partial batch
+/// on resume), in the order given.
+pub(crate) fn materialize(ds: &Arc<Dataset>, positions: &[Pos]) -> Result<Vec<Sample>, Error> {
+    use std::collections::BTreeMap;
+    let mut by_shard: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for p in positions {
+        by_shard.entry(p.shard).or_default().push(p.record);
+    }
+    let mut found: std::collections::HashMap<Pos, Sample> = std::collections::HashMap::new();
+    for (shard, mut records) in by_shard {
+        records.sort_unstable();
+        records.dedup();
+        if let Some(mem) = &ds.memory {
+            found.insert(Pos { shard, record: 0 }, mem[shard as usize].clone());
+            continue;
+        }
+        if ds.per_object {
+            let store = ds.store.as_ref().expect("a store");
+            let key = &ds.shards[shard as usize].key;
+            let bytes = ds
+                .runtime
+                .block_on(store.get(key))
+                .map_err(|e| Error::storage(e.to_string()))?;
+            found.insert(
+                Pos { shard, record: 0 },
+                sample_of_object(ds, shard, bytes)?,
+            );
+            continue;
+        }
+        let info = &ds.shards[shard as usize];
+        let mut r = ds.format.open(info, open_input(ds, shard)?)?;
+        let mut at = 0u64;
+        for want in records {
+            while at < want {
+                let _ = r.next();
+                at += 1;
+            }
+            let s = r.next()?.ok_or_else(|| {
+                Error::record(format!("record {want} is gone on resume"))
+                    .with_object(info.url.clone())
+            })?;
+            at += 1;
+            found.insert(
+                Pos {
+                    shard,
+                    record: want,
+                },
+                s,
+            );
+        }
+    }
+    positions
+        .iter()
+        .map(|p| {
+            found
+                .get(p)
+                .cloned()
+                .ok_or_else(|| Error::invalid(format!("position {p:?} not found on resume")))
+        })
+        .collect()
+}

@@ -1,0 +1,152 @@
+//! Per-stage statistics, always on and readable while the pipeline runs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+/// Counters of one stage (updated with relaxed atomics: cheap, and exact once quiet).
+#[derive(Debug, Default)]
+pub(crate) struct StageCounters {
+    pub items_in: AtomicU64,
+    pub items_out: AtomicU64,
+    pub busy_ns: AtomicU64,
+    pub wait_ns: AtomicU64,
+    pub bytes: AtomicU64,
+    pub queue_len: AtomicU64,
+    pub queue_cap: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+impl StageCounters {
+    pub(crate) fn add(&self, c: &AtomicU64, v: u64) {
+        let _ = self;
+        c.fetch_add(v, Ordering::Relaxed);
+    }
+}
+
+/// A stage's numbers at one moment.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StageStats {
+    /// The stage (`source(tar)`, `map[decode_utf8(txt)]`, `batch(32)`).
+    pub name: String,
+    /// Items that entered.
+    pub items_in: u64,
+    /// Items that left.
+    pub items_out: u64,
+    /// Items dropped (filters).
+    pub dropped: u64,
+    /// Seconds spent working (summed over the stage's threads).
+    pub busy_s: f64,
+    /// Seconds spent waiting for input or for room downstream.
+    pub wait_s: f64,
+    /// Bytes read (source) or produced.
+    pub bytes: u64,
+    /// Items in the stage's output queue now, and its capacity.
+    pub queue: (u64, u64),
+}
+
+/// A skipped record or sample.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Skipped {
+    /// The error, with object, offset and operator.
+    pub error: String,
+}
+
+/// Everything at one moment.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Stats {
+    /// Seconds since the run started.
+    pub elapsed_s: f64,
+    /// Samples delivered (inside batches too).
+    pub samples: u64,
+    /// Items delivered (samples or batches).
+    pub items: u64,
+    /// The epoch being read.
+    pub epoch: u64,
+    /// Worker threads active now (the autotuner moves this).
+    pub threads: u64,
+    /// Records or samples skipped under the skip policy.
+    pub skipped: u64,
+    /// The first skipped errors (at most 100).
+    pub skipped_errors: Vec<Skipped>,
+    /// Per stage, in pipeline order.
+    pub stages: Vec<StageStats>,
+    /// Autotuner decisions: (seconds since start, threads after, why).
+    pub autotune: Vec<(f64, u64, String)>,
+}
+
+#[derive(Debug)]
+pub(crate) struct StatsHub {
+    pub started: Instant,
+    pub stages: Vec<(String, Arc<StageCounters>)>,
+    pub samples: AtomicU64,
+    pub items: AtomicU64,
+    pub epoch: AtomicU64,
+    pub threads: AtomicU64,
+    pub skipped: AtomicU64,
+    pub skipped_errors: Mutex<Vec<Skipped>>,
+    pub autotune: Mutex<Vec<(f64, u64, String)>>,
+}
+
+impl StatsHub {
+    pub(crate) fn new(names: Vec<String>) -> StatsHub {
+        StatsHub {
+            started: Instant::now(),
+            stages: names
+                .into_iter()
+                .map(|n| (n, Arc::new(StageCounters::default())))
+                .collect(),
+            samples: AtomicU64::new(0),
+            items: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            threads: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            skipped_errors: Mutex::new(Vec::new()),
+            autotune: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn stage(&self, i: usize) -> Arc<StageCounters> {
+        self.stages[i].1.clone()
+    }
+
+    pub(crate) fn skip(&self, e: &stoker_core::Error) {
+        self.skipped.fetch_add(1, Ordering::Relaxed);
+        let mut l = self.skipped_errors.lock();
+        if l.len() < 100 {
+            l.push(Skipped {
+                error: e.to_string(),
+            });
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> Stats {
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            elapsed_s: self.started.elapsed().as_secs_f64(),
+            samples: ld(&self.samples),
+            items: ld(&self.items),
+            epoch: ld(&self.epoch),
+            threads: ld(&self.threads),
+            skipped: ld(&self.skipped),
+            skipped_errors: self.skipped_errors.lock().clone(),
+            stages: self
+                .stages
+                .iter()
+                .map(|(name, c)| StageStats {
+                    name: name.clone(),
+                    items_in: ld(&c.items_in),
+                    items_out: ld(&c.items_out),
+                    dropped: ld(&c.dropped),
+                    busy_s: ld(&c.busy_ns) as f64 / 1e9,
+                    wait_s: ld(&c.wait_ns) as f64 / 1e9,
+                    bytes: ld(&c.bytes),
+                    queue: (ld(&c.queue_len), ld(&c.queue_cap)),
+                })
+                .collect(),
+            autotune: self.autotune.lock().clone(),
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Ordering, shuffling, rank splitting, batching and error policies.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::*;
+use stoker_core::{OpMeta, Value};
+use stoker_pipeline::{Builtin, ErrorPolicy, FnOp, Item, RankPolicy, RunOptions};
+
+/// An operator that takes a while, so several workers overlap and finish out of order.
+fn jittery() -> FnOp {
+    FnOp::new(OpMeta::new("jitter"), |s, cx| {
+        let us = cx.rng().below(300);
+        std::thread::sleep(Duration::from_micros(us));
+        Ok(Some(s))
+    })
+}
+
+#[test]
+fn output_does_not_depend_on_the_number_of_workers() {
+    let p = |threads: usize| {
+        shards()
+            .interleave(3)
+            .shuffle_shards(true)
+            .map(jittery())
+            .map(Builtin::RandomInt {
+                to: "r".into(),
+                below: 1_000_000,
+            })
+            .shuffle(17)
+            .batch(8, false)
+            .seed(3)
+            .options(
+                RunOptions::default()
+                    .with_threads(threads)
+                    .with_autotune(false),
+            )
+    };
+    let one: Vec<Item> = p(1).run().unwrap().map(Result::unwrap).collect();
+    let four: Vec<Item> = p(4).run().unwrap().map(Result::unwrap).collect();
+    assert_eq!(one, four);
+    assert_eq!(one.iter().map(Item::samples).sum::<usize>(), 203);
+}
+
+#[test]
+fn without_shuffling_the_order_is_the_source_order() {
+    let got = all_keys(&files().options(RunOptions::default().with_threads(4)));
+    let want: Vec<String> = (0..57).map(|i| format!("{:03}", i)).collect();
+    assert_eq!(got, want);
+    // Interleaving takes one line from each open shard in turn.
+    let got = all_keys(&shards().interleave(2));
+    assert_eq!(
+        &got[..4],
+        &[
+            "shards/s0.txt:0",
+            "shards/s1.txt:0",
+            "shards/s0.txt:1",
+            "shards/s2.txt:0"
+        ]
+    );
+    assert_eq!(got.len(), 203);
+}
+
+#[test]
+fn a_shuffle_is_a_permutation_and_differs_across_epochs_and_seeds() {
+    let p = |seed| {
+        shards()
+            .interleave(2)
+            .shuffle_shards(true)
+            .shuffle(50)
+            .epochs(Some(2))
+            .seed(seed)
+    };
+    let all = all_keys(&p(1));
+    let (e0, e1) = all.split_at(203);
+    let mut a = e0.to_vec();
+    let mut b = e1.to_vec();
+    a.sort();
+    b.sort();
+    let plain = {
+        let mut v = all_keys(&shards());
+        v.sort();
+        v
+    };
+    assert_eq!(a, plain);
+    assert_eq!(b, plain);
+    assert_ne!(e0, e1, "every epoch has its own order");
+    assert_ne!(all_keys(&p(2))[..203], *e0, "the seed changes the order");
+    assert_eq!(all_keys(&p(1)), all, "the same seed gives the same order");
+    // Objects of a one-sample-per-object format are shuffled whole.
+    let f = all_keys(&files().shuffle_shards(true).seed(5));
+    assert_eq!(f.iter().collect::<HashSet<_>>().len(), 57);
+    assert_ne!(f, all_keys(&files()));
+}
+
+#[test]
+fn every_rank_gets_the_same_number_of_samples() {
+    for policy in [RankPolicy::Drop, RankPolicy::Pad] {
+        for world in 1..=8u32 {
+            for (name, total, p) in [
+                (
+                    "shards",
+                    203usize,
+                    shards().interleave(3).shuffle_shards(true),
+                ),
+                ("files", 57, files().shuffle_shards(true)),
+            ] {
+                let mut counts = Vec::new();
+                let mut seen = HashSet::new();
+                for rank in 0..world {
+                    let k = all_keys(&p.clone().shard_by_rank(rank, world, policy).seed(9));
+                    counts.push(k.len());
+                    seen.extend(k);
+                }
+                let w = world as usize;
+                let want = match policy {
+                    RankPolicy::Drop => total / w,
+                    RankPolicy::Pad => total.div_ceil(w),
+                };
+                assert!(
+                    counts.iter().all(|&c| c == want),
+                    "{name} {policy:?} world {world}: {counts:?}, want {want} each"
+                );
+                let covered = match policy {
+                    RankPolicy::Drop => want * w,
+                    RankPolicy::Pad => total,
+                };
+                assert_eq!(seen.len(), covered, "{name} {policy:?} world {world}");
+            }
+        }
+    }
+}
+
+#[test]
+fn batches_keep_or_drop_the_last_partial_one() {
+    let sizes = |drop_last| -> Vec<usize> {
+        files()
+            .batch(10, drop_last)
+            .run()
+            .unwrap()
+            .map(|i| i.unwrap().samples())
+            .collect()
+    };
+    assert_eq!(sizes(false), vec![10, 10, 10, 10, 10, 7]);
+    assert_eq!(sizes(true), vec![10; 5]);
+    let b = files()
+        .batch(4, true)
+        .run()
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let b = b.into_batch().unwrap();
+    assert!(matches!(b.get("txt"), Some(Value::List(l)) if l.len() == 4));
+    // take / skip count items per epoch.
+    let k = all_keys(&files().skip(3).take(2).epochs(Some(2)));
+    assert_eq!(k, vec!["003", "004", "003", "004"]);
+    // unbatch undoes batch.
+    assert_eq!(
+        all_keys(&files().batch(5, false).unbatch()),
+        all_keys(&files())
+    );
+}
+
+#[test]
+fn errors_are_raised_with_their_place_by_default() {
+    let p = |policy| {
+        stoker_pipeline::Pipeline::from_url(
+            &format!("s3://{BUCKET}/bad/"),
+            store_options(),
+            stoker_pipeline::FormatChoice::Fixed(std::sync::Arc::new(Lines)),
+        )
+        .options(RunOptions::default().with_errors(policy))
+    };
+    let mut run = p(ErrorPolicy::Raise).run().unwrap();
+    let mut got = Vec::new();
+    let err = loop {
+        match run.next().unwrap() {
+            Ok(i) => got.extend(keys(&i)),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(got, vec!["bad/a.txt:0", "bad/a.txt:1"]);
+    let msg = err.to_string();
+    assert!(msg.contains("s3://pipe/bad/a.txt"), "{msg}");
+    assert!(
+        msg.contains("record 2") && msg.contains("at byte 6") && msg.contains("lines"),
+        "{msg}"
+    );
+    assert!(run.next().is_none(), "a raised error ends the run");
+
+    // Skip: the rest arrives, and the skip is counted and listed.
+    let mut run = p(ErrorPolicy::Skip).run().unwrap();
+    let got: Vec<String> = run.by_ref().flat_map(|i| keys(&i.unwrap())).collect();
+    assert_eq!(
+        got,
+        vec![
+            "bad/a.txt:0",
+            "bad/a.txt:1",
+            "bad/a.txt:3",
+            "bad/b.txt:0",
+            "bad/b.txt:1"
+        ]
+    );
+    let st = run.stats();
+    assert_eq!(st.skipped, 1);
+    assert!(
+        st.skipped_errors[0].error.contains("record 2"),
+        "{:?}",
+        st.skipped_errors
+    );
+}
+
+#[test]
+fn an_operator_error_names_the_operator_and_the_sample() {
+    let p = files().map(Builtin::ToTensor {
+        field: "txt".into(),
+        dtype: "int32".into(),
+        shape: Some(vec![2]),
+    });
+    let e = p.run().unwrap().find_map(Result::err).unwrap().to_string();
+    assert!(
+        e.contains("to_tensor(txt)") && e.contains("s3://pipe/files/000.txt"),
+        "{e}"
+    );
+    // Skipped, every sample fails: nothing arrives, all are counted.
+    let mut run = p
+        .options(RunOptions::default().with_errors(ErrorPolicy::Skip))
+        .run()
+        .unwrap();
+    assert_eq!(run.by_ref().count(), 0);
+    assert_eq!(run.stats().skipped, 57);
+}
+
+#[test]
+fn stats_name_every_stage_and_count_items() {
+    let mut run = files()
+        .map(Builtin::DecodeUtf8 {
+            field: "txt".into(),
+        })
+        .map(Builtin::FilterLen {
+            field: "txt".into(),
+            min: Some(7),
+            max: None,
+        })
+        .batch(5, false)
+        .run()
+        .unwrap();
+    let n: usize = run.by_ref().map(|i| i.unwrap().samples()).sum();
+    assert_eq!(n, 47); // "file 0".."file 9" are 6 bytes
+    let st = run.stats();
+    let names: Vec<&str> = st.stages.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "source(files)",
+            "map[decode_utf8(txt), filter_len(txt)]",
+            "batch(5)",
+            "prefetch(4)"
+        ]
+    );
+    assert_eq!(st.stages[0].items_out, 57);
+    assert_eq!(st.stages[1].items_in, 57);
+    assert_eq!(st.stages[1].dropped, 10);
+    assert_eq!(st.stages[2].items_out, 10);
+    assert_eq!(st.samples, 47);
+    assert!(st.stages[1].busy_s > 0.0);
+}
+
+#[test]
+fn the_optimizer_fuses_maps_and_moves_them_past_a_shuffle() {
+    let p = memory(10)
+        .map(Builtin::Len {
+            field: "x".into(),
+            to: "n".into(),
+        })
+        .shuffle(4)
+        .map(Builtin::RandomInt {
+            to: "r".into(),
+            below: 9,
+        })
+        .map(Builtin::FilterLen {
+            field: "x".into(),
+            min: Some(1),
+            max: None,
+        })
+        .batch(2, false);
+    let plan = p.explain();
+    assert!(
+        plan.contains("workers: map[len(x), random_int(r)]"),
+        "{plan}"
+    );
+    assert!(plan.contains("map[filter_len(x)]"), "{plan}");
+    assert!(
+        plan.contains("moved random_int(r) before the shuffle"),
+        "{plan}"
+    );
+    // Moving it changes nothing: same output as with everything after the shuffle
+    // computed per sample.
+    let got: Vec<Item> = p.run().unwrap().map(Result::unwrap).collect();
+    assert_eq!(got.iter().map(Item::samples).sum::<usize>(), 10);
+}
