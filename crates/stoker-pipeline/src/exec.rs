@@ -391,6 +391,7 @@ pub struct Run {
     samples: u64,
     done: bool,
     resumable: Result<(), String>,
+    budget: MemoryBudget,
     threads: Vec<JoinHandle<()>>,
     _runtime: Option<tokio::runtime::Runtime>,
 }
@@ -571,6 +572,7 @@ impl Run {
             start: start_state,
             done: false,
             resumable,
+            budget,
             threads: handles,
             _runtime: Some(runtime),
         })
@@ -578,7 +580,7 @@ impl Run {
 
     /// Statistics now (cheap; safe to call while iterating from another thread's copy).
     pub fn stats(&self) -> Stats {
-        self.shared.stats.snapshot()
+        self.shared.stats.snapshot(&self.budget)
     }
 
     /// The position after the last item this run yielded.
@@ -696,6 +698,14 @@ enum Done {
     SourceEnd {
         next_seq: u64,
     },
+    Fatal(Error),
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -736,7 +746,22 @@ fn worker(
                     .with_object(ds.shards[pos.shard as usize].url.clone())
                     .with_record(pos.record)),
             ),
-            Produced::Elem(el) => (el.seq, apply_producer(el, producer, seed, epoch, ds)),
+            Produced::Elem(el) => {
+                let seq = el.seq;
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    apply_producer(el, producer, seed, epoch, ds)
+                }));
+                (
+                    seq,
+                    r.unwrap_or_else(|p| {
+                        Err(Error::operator(format!(
+                            "panicked: {} ({})",
+                            panic_message(&p),
+                            producer_name(producer)
+                        )))
+                    }),
+                )
+            }
         };
         if let Some(s) = &stage {
             s.add(&s.wait_ns, (t1 - t0).as_nanos() as u64);
@@ -893,64 +918,74 @@ impl TailCtx {
                     .spawn(move || {
                         let mut last = Instant::now();
                         let mut next_seq = cursor0.emitted;
-                        run_source(&ds, &cfg, epoch, cursor0, &mut |mut p, cursor| {
-                            let now = Instant::now();
-                            // The sample's bytes count against the budget until the
-                            // consumer takes it: a full budget stops the source.
-                            if let Produced::Elem(e) = &mut p {
-                                let n = e.sample.size_bytes() as u64;
-                                let hold = budget.try_reserve(n).or_else(|| {
-                                    rt.block_on(tokio::time::timeout(
-                                        BUDGET_WAIT,
-                                        budget.reserve(n),
-                                    ))
-                                    .ok()
-                                });
-                                match hold {
-                                    Some(h) => e.hold = Some(h),
-                                    None => {
-                                        let error = Error::invalid(format!(
-                                            "the memory budget ({} MiB) stayed full for {} s: \
+                        let done_tx2 = done_tx.clone();
+                        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            run_source(&ds, &cfg, epoch, cursor0, &mut |mut p, cursor| {
+                                let now = Instant::now();
+                                // The sample's bytes count against the budget until the
+                                // consumer takes it: a full budget stops the source.
+                                if let Produced::Elem(e) = &mut p {
+                                    let n = e.sample.size_bytes() as u64;
+                                    let hold = budget.try_reserve(n).or_else(|| {
+                                        rt.block_on(async {
+                                            tokio::time::timeout(BUDGET_WAIT, budget.reserve(n))
+                                                .await
+                                        })
+                                        .ok()
+                                    });
+                                    match hold {
+                                        Some(h) => e.hold = Some(h),
+                                        None => {
+                                            let error = Error::invalid(format!(
+                                                "the memory budget ({} MiB) stayed full for {} s: \
                                              the shuffle buffer, the queues and the batch \
                                              being filled need more than it holds; raise \
                                              memory_limit or make the shuffle buffer smaller",
-                                            budget.limit() >> 20,
-                                            BUDGET_WAIT.as_secs()
-                                        ));
-                                        let (seq, pos) = (e.seq, e.pos);
-                                        p = Produced::Fail { seq, pos, error };
+                                                budget.limit() >> 20,
+                                                BUDGET_WAIT.as_secs()
+                                            ));
+                                            let (seq, pos) = (e.seq, e.pos);
+                                            p = Produced::Fail { seq, pos, error };
+                                        }
                                     }
                                 }
-                            }
-                            stage.add(&stage.busy_ns, (now - last).as_nanos() as u64);
-                            stage.add(&stage.items_out, 1);
-                            if let Produced::Elem(e) = &p {
-                                stage.add(&stage.bytes, e.sample.size_bytes() as u64);
-                            }
-                            let seq = p.seq();
-                            next_seq = seq + 1;
-                            shared
-                                .history
-                                .lock()
-                                .push_back((epoch, seq, cursor.clone()));
-                            // Stay within the window of the tail.
-                            {
-                                let mut t = shared.tail_next.lock();
-                                while seq >= *t + window && !shared.stop.load(Ordering::Relaxed) {
-                                    shared
-                                        .tail_moved
-                                        .wait_for(&mut t, Duration::from_millis(50));
+                                stage.add(&stage.busy_ns, (now - last).as_nanos() as u64);
+                                stage.add(&stage.items_out, 1);
+                                if let Produced::Elem(e) = &p {
+                                    stage.add(&stage.bytes, e.sample.size_bytes() as u64);
                                 }
-                            }
-                            let ok = !shared.stop.load(Ordering::Relaxed)
-                                && work_tx.send((epoch, p)).is_ok();
-                            stage
-                                .queue_len
-                                .store(work_tx.len() as u64, Ordering::Relaxed);
-                            last = Instant::now();
-                            stage.add(&stage.wait_ns, (last - now).as_nanos() as u64);
-                            ok
-                        });
+                                let seq = p.seq();
+                                next_seq = seq + 1;
+                                shared
+                                    .history
+                                    .lock()
+                                    .push_back((epoch, seq, cursor.clone()));
+                                // Stay within the window of the tail.
+                                {
+                                    let mut t = shared.tail_next.lock();
+                                    while seq >= *t + window && !shared.stop.load(Ordering::Relaxed)
+                                    {
+                                        shared
+                                            .tail_moved
+                                            .wait_for(&mut t, Duration::from_millis(50));
+                                    }
+                                }
+                                let ok = !shared.stop.load(Ordering::Relaxed)
+                                    && work_tx.send((epoch, p)).is_ok();
+                                stage
+                                    .queue_len
+                                    .store(work_tx.len() as u64, Ordering::Relaxed);
+                                last = Instant::now();
+                                stage.add(&stage.wait_ns, (last - now).as_nanos() as u64);
+                                ok
+                            })
+                        }));
+                        if let Err(panic) = ran {
+                            let _ = done_tx2.send(Done::Fatal(Error::invalid(format!(
+                                "the source failed: {}",
+                                panic_message(&panic)
+                            ))));
+                        }
                         let _ = done_tx.send(Done::SourceEnd { next_seq });
                     })
                     .expect("spawn source")
@@ -1077,6 +1112,11 @@ impl TailRun<'_> {
             };
             match msg {
                 Done::SourceEnd { next_seq } => end = Some(next_seq),
+                Done::Fatal(e) => {
+                    let _ = self.out.send(OutMsg::Err(e));
+                    self.failed = true;
+                    return;
+                }
                 Done::Item { seq, result } => {
                     if ctx.deterministic {
                         pending.insert(seq, result);

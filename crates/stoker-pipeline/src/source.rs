@@ -125,7 +125,7 @@ impl Dataset {
                 if let Some(l) = memory_limit {
                     options = options.with_memory_limit(l);
                 }
-                let store = match budget {
+                let store = match budget.clone() {
                     Some(b) => Store::open_with_budget(url, options, b),
                     None => Store::open(url, options),
                 }
@@ -195,7 +195,13 @@ impl Dataset {
             per_object: format.one_sample_per_object(),
             format,
             runtime: runtime.clone(),
-            fetch: FetchManyOptions::default(),
+            // Fetched-but-unparsed bytes get a quarter of the budget; the rest is for
+            // samples on their way to the consumer.
+            fetch: FetchManyOptions::default().with_max_bytes(
+                budget
+                    .as_ref()
+                    .map_or(256 << 20, |b| (b.limit() / 4).clamp(1 << 20, 256 << 20)),
+            ),
         })
     }
 }

@@ -75,6 +75,8 @@ pub struct Stats {
     pub stages: Vec<StageStats>,
     /// Autotuner decisions: (seconds since start, threads after, why).
     pub autotune: Vec<(f64, u64, String)>,
+    /// The memory budget: bytes held now, the most held at once, and the limit.
+    pub memory: (u64, u64, u64),
 }
 
 #[derive(Debug)]
@@ -122,7 +124,7 @@ impl StatsHub {
         }
     }
 
-    pub(crate) fn snapshot(&self) -> Stats {
+    pub(crate) fn snapshot(&self, budget: &stoker_core::MemoryBudget) -> Stats {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
             elapsed_s: self.started.elapsed().as_secs_f64(),
@@ -147,6 +149,7 @@ impl StatsHub {
                 })
                 .collect(),
             autotune: self.autotune.lock().clone(),
+            memory: (budget.used(), budget.peak(), budget.limit()),
         }
     }
 }
