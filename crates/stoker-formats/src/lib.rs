@@ -9,10 +9,12 @@
 //! |---|---|---|
 //! | plain files | [`files::Files`] | one sample (`__key__`, `__url__`, the bytes under its extension) |
 //! | ImageFolder | [`files::ImageFolder`] | one sample plus `label` (class index, sorted like torchvision) |
+//! | WebDataset tar | [`tar::Tar`] | samples of consecutive members sharing a key (`__key__`, `__url__`, one field per suffix) |
 
 pub mod files;
 mod format;
 mod input;
+pub mod tar;
 
 pub use format::{locate, Access, Format, RecordReader, ShardInfo};
 pub use input::{ByteSource, ChunkCursor, Input, IterSource, RandomAccess};
