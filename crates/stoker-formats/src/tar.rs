@@ -114,10 +114,10 @@ fn lowercase(s: &str) -> Cow<'_, str> {
 
 /// Field names seen so far, shared by every sample of the shard.
 #[derive(Default)]
-struct Interner(Vec<Arc<str>>);
+pub(crate) struct Interner(Vec<Arc<str>>);
 
 impl Interner {
-    fn get(&mut self, s: &str) -> Arc<str> {
+    pub(crate) fn get(&mut self, s: &str) -> Arc<str> {
         if let Some(a) = self.0.iter().find(|a| &***a == s) {
             return a.clone();
         }
