@@ -20,6 +20,12 @@
 //! - each sample has `__key__` and `__url__` (the object's URL), then its fields in
 //!   member order. A suffix seen twice in one sample is an error.
 //!
+//! Errors name the object, the offset of the member's first header and the sample index.
+//! A damaged or truncated header, or a truncated payload, ends the shard (the framing is
+//! lost); when the damaged header follows a sample's members, that sample is returned
+//! first and the error next (webdataset yields it too). A duplicate field fails only its
+//! sample: the rest of that key's members are dropped and reading goes on.
+//!
 //! Where this reader is stricter than `tarfile`: a bad header checksum or a header cut
 //! short is an error (Python's `tarfile` silently ends the archive there), and GNU sparse
 //! members are an error rather than expanded. Names are decoded as UTF-8, with invalid
