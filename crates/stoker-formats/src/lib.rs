@@ -9,10 +9,14 @@
 //! |---|---|---|
 //! | plain files | [`files::Files`] | one sample (`__key__`, `__url__`, the bytes under its extension) |
 //! | ImageFolder | [`files::ImageFolder`] | one sample plus `label` (class index, sorted like torchvision) |
+//! | WebDataset tar | [`tar::Tar`] | samples of consecutive members sharing a key (`__key__`, `__url__`, one field per suffix) |
+//! | TFRecord | [`tfrecord::TfRecord`] | one sample per record (`data`, or the features of a `tf.train.Example`) |
 
 pub mod files;
 mod format;
 mod input;
+pub mod tar;
+pub mod tfrecord;
 
 pub use format::{locate, Access, Format, RecordReader, ShardInfo};
 pub use input::{ByteSource, ChunkCursor, Input, IterSource, RandomAccess};
