@@ -10,10 +10,12 @@
 //! | plain files | [`files::Files`] | one sample (`__key__`, `__url__`, the bytes under its extension) |
 //! | ImageFolder | [`files::ImageFolder`] | one sample plus `label` (class index, sorted like torchvision) |
 //! | Parquet | [`parquet::Parquet`] | one sample per row, read by range one row group at a time, columns projected |
+//! | JSON Lines | [`jsonl::Jsonl`] | one sample per non-empty line (a JSON object; keys are fields) |
 
 pub mod files;
 mod format;
 mod input;
+pub mod jsonl;
 pub mod parquet;
 
 pub use format::{locate, Access, Format, RecordReader, ShardInfo};
