@@ -11,7 +11,9 @@
 //! | ImageFolder | [`files::ImageFolder`] | one sample plus `label` (class index, sorted like torchvision) |
 //! | Parquet | [`parquet::Parquet`] | one sample per row, read by range one row group at a time, columns projected |
 //! | JSON Lines | [`jsonl::Jsonl`] | one sample per non-empty line (a JSON object; keys are fields) |
+//! | CSV | [`csv::Csv`] | one sample per row (fields named by the header, types inferred) |
 
+pub mod csv;
 pub mod files;
 mod format;
 mod input;
