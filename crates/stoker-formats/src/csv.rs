@@ -96,9 +96,10 @@ struct CsvReader {
 }
 
 impl CsvReader {
-    /// Parses the next row into `out`/`ends`; false at the end.
-    fn read_row(&mut self) -> Result<bool, Error> {
+    /// Parses the next row into `out`/`ends`; its byte offset, or `None` at the end.
+    fn read_row(&mut self) -> Result<Option<u64>, Error> {
         let mut nout_total = 0;
+        let mut start = None;
         self.fields = 0;
         loop {
             if self.pos == self.buf.len() && !self.eof {
@@ -113,6 +114,14 @@ impl CsvReader {
                     self.consumed = 3;
                 }
                 self.eof = self.buf.is_empty();
+            }
+            if start.is_none() {
+                // The row starts at its first byte that is not a line end (csv-core takes
+                // the `\n` of a `\r\n` as the start of the next row, and skips empty lines).
+                let input = &self.buf[self.pos..];
+                if let Some(k) = input.iter().position(|&b| b != b'\r' && b != b'\n') {
+                    start = Some(self.consumed + k as u64);
+                }
             }
             let (res, nin, nout, nend) = self.parser.read_record(
                 &self.buf[self.pos..],
@@ -133,8 +142,8 @@ impl CsvReader {
                     let n = self.ends.len() * 2;
                     self.ends.resize(n, 0);
                 }
-                ReadRecordResult::Record => return Ok(true),
-                ReadRecordResult::End => return Ok(false),
+                ReadRecordResult::Record => return Ok(Some(start.unwrap_or(self.consumed))),
+                ReadRecordResult::End => return Ok(None),
             }
         }
     }
@@ -163,10 +172,9 @@ impl CsvReader {
 impl RecordReader for CsvReader {
     fn next(&mut self) -> Result<Option<Sample>, Error> {
         loop {
-            let start = self.consumed;
-            if !self.read_row()? {
+            let Some(start) = self.read_row()? else {
                 return Ok(None);
-            }
+            };
             if self.names.is_none() {
                 if self.opts.has_header {
                     self.names = Some(self.header());

@@ -343,7 +343,7 @@ impl ParquetReader {
             ]));
         }
         b.build()
-            .map_err(|e| Error::record(format!("cannot decode row group {g}: {}", parquet_msg(&e))))
+            .map_err(|e| Error::record(format!("cannot decode row group {g}: {}", e)))
     }
 
     /// Drops the open group after an error in it, counting its remaining rows as failed.
@@ -394,13 +394,13 @@ impl RecordReader for ParquetReader {
                         return Err(self.fail_group(e));
                     }
                     None => {
-                        let (index, end) = (g.index, g.first + g.rows);
+                        let (index, first, rows) = (g.index, g.first, g.rows);
+                        let end = first + rows;
                         self.group = None;
-                        if self.record != end {
+                        if self.record < end {
                             let e = Error::record(format!(
-                                "row group {index} decoded to {} rows, but the footer says {}",
-                                self.record - (end - self.group_rows[index]),
-                                self.group_rows[index]
+                                "row group {index} decoded to {} rows, but the footer says {rows}",
+                                self.record - first,
                             ));
                             let offset = self.group_offset(index);
                             let e = self.locate(e, offset);
@@ -524,10 +524,6 @@ fn read(file: &dyn RandomAccess, start: u64, end: u64) -> Result<Bytes, Error> {
         .with_offset(start));
     }
     Ok(b)
-}
-
-fn parquet_msg(e: &ParquetError) -> String {
-    e.to_string()
 }
 
 /// The byte ranges fetched for one row group, served to the decoder.

@@ -163,6 +163,24 @@ fn a_row_with_the_wrong_field_count_is_an_error_and_reading_goes_on() {
 }
 
 #[test]
+fn offsets_count_crlf_line_ends() {
+    let text = b"a,b\r\n1,2\r\n3\r\n\r\n4,5\r\n6\r\n";
+    for chunk in [1, 2, 4096] {
+        let out = drain(&mut *open_with(Csv::default(), text, chunk));
+        let errs: Vec<(Option<u64>, Option<u64>)> = out
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| (e.offset, e.record)))
+            .collect();
+        assert_eq!(
+            errs,
+            [(Some(10), Some(1)), (Some(20), Some(3))],
+            "chunks of {chunk}"
+        );
+        assert_eq!(out[2].as_ref().unwrap().get("b"), Some(&Value::Int(5)));
+    }
+}
+
+#[test]
 fn skip_drops_rows() {
     let text = big_text();
     let all = rows(Csv::default(), &text, 4096);
