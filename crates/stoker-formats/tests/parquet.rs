@@ -369,3 +369,84 @@ fn a_stream_is_refused() {
         .unwrap();
     assert_eq!(e.kind, ErrorKind::Invalid);
 }
+
+/// A file the `parquet` crate writes, for types pyarrow's fixture does not cover.
+fn written_by_arrow_rs() -> Bytes {
+    use arrow_array::builder::{FixedSizeListBuilder, Int16Builder, ListBuilder, StringBuilder};
+    use arrow_array::types::Int32Type;
+    use arrow_array::{
+        ArrayRef, DictionaryArray, Int32Array, Int64Array, RecordBatch, StructArray, UInt64Array,
+    };
+    use arrow_schema::{DataType, Field};
+
+    let mut words = ListBuilder::new(StringBuilder::new());
+    words.values().append_value("a");
+    words.values().append_value("b");
+    words.append(true);
+    words.append(false);
+    words.append(true);
+    let mut pairs = FixedSizeListBuilder::new(Int16Builder::new(), 2);
+    for (x, y) in [(1, 2), (3, 4), (5, 6)] {
+        pairs.values().append_value(x);
+        pairs.values().append_value(y);
+        pairs.append(true);
+    }
+    let cat: DictionaryArray<Int32Type> =
+        vec![Some("cat"), None, Some("cat")].into_iter().collect();
+    let st = StructArray::from(vec![(
+        Arc::new(Field::new("a", DataType::Int32, false)),
+        Arc::new(Int32Array::from(vec![1, 2, 3])) as ArrayRef,
+    )]);
+    let batch = RecordBatch::try_from_iter(vec![
+        ("i", Arc::new(Int64Array::from(vec![1, 2, 3])) as ArrayRef),
+        (
+            "u",
+            Arc::new(UInt64Array::from(vec![0, u64::MAX, 7])) as ArrayRef,
+        ),
+        ("cat", Arc::new(cat) as ArrayRef),
+        ("words", Arc::new(words.finish()) as ArrayRef),
+        ("pairs", Arc::new(pairs.finish()) as ArrayRef),
+        ("st", Arc::new(st) as ArrayRef),
+    ])
+    .unwrap();
+    let mut out = Vec::new();
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut out, batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    out.into()
+}
+
+#[test]
+fn other_types_map_or_are_refused_by_name() {
+    let data = written_by_arrow_rs();
+    let e = open(Arc::new(data.clone()), None).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::Invalid);
+    let msg = e.to_string();
+    assert!(msg.contains("\"st\"") && msg.contains("Struct"), "{msg}");
+
+    let rows = read_all(data.clone(), Some(&["i", "cat", "words", "pairs"]));
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0].get("cat").and_then(Value::as_str), Some("cat"));
+    assert_eq!(rows[1].get("cat"), Some(&Value::Null));
+    assert_eq!(
+        rows[0].get("words"),
+        Some(&Value::List(vec!["a".into(), "b".into()]))
+    );
+    assert_eq!(rows[1].get("words"), Some(&Value::Null));
+    assert_eq!(rows[2].get("words"), Some(&Value::List(vec![])));
+    match rows[2].get("pairs").unwrap() {
+        Value::Tensor(t) => {
+            assert_eq!(t.dtype(), DType::I16);
+            assert_eq!(t.to_vec::<i16>().unwrap(), vec![5, 6]);
+        }
+        v => panic!("{v:?}"),
+    }
+
+    // A uint64 past i64::MAX fails its batch, naming the column.
+    let mut r = open(Arc::new(data), Some(&["u"])).unwrap();
+    let e = r.next().err().unwrap();
+    assert_eq!(e.kind, ErrorKind::Record);
+    assert!(e.to_string().contains("\"u\""), "{e}");
+    assert!(r.next().unwrap().is_none());
+    assert_eq!(r.record(), 3);
+}
