@@ -11,10 +11,16 @@
 //! | ImageFolder | [`files::ImageFolder`] | one sample plus `label` (class index, sorted like torchvision) |
 //! | WebDataset tar | [`tar::Tar`] | samples of consecutive members sharing a key (`__key__`, `__url__`, one field per suffix) |
 //! | TFRecord | [`tfrecord::TfRecord`] | one sample per record (`data`, or the features of a `tf.train.Example`) |
+//! | Parquet | [`parquet::Parquet`] | one sample per row, read by range one row group at a time, columns projected |
+//! | JSON Lines | [`jsonl::Jsonl`] | one sample per non-empty line (a JSON object; keys are fields) |
+//! | CSV | [`csv::Csv`] | one sample per row (fields named by the header, types inferred) |
 
+pub mod csv;
 pub mod files;
 mod format;
 mod input;
+pub mod jsonl;
+pub mod parquet;
 pub mod tar;
 pub mod tfrecord;
 
