@@ -392,6 +392,8 @@ pub struct Run {
     done: bool,
     resumable: Result<(), String>,
     budget: MemoryBudget,
+    store: Option<stoker_store::Store>,
+    shards: usize,
     threads: Vec<JoinHandle<()>>,
     _runtime: Option<tokio::runtime::Runtime>,
 }
@@ -573,6 +575,8 @@ impl Run {
             done: false,
             resumable,
             budget,
+            store: ds.store.clone(),
+            shards: ds.shards.len(),
             threads: handles,
             _runtime: Some(runtime),
         })
@@ -580,7 +584,14 @@ impl Run {
 
     /// Statistics now (cheap; safe to call while iterating from another thread's copy).
     pub fn stats(&self) -> Stats {
-        self.shared.stats.snapshot(&self.budget)
+        self.shared
+            .stats
+            .snapshot(&self.budget, self.store.as_ref())
+    }
+
+    /// Number of shards (objects) in the dataset.
+    pub fn shards(&self) -> usize {
+        self.shards
     }
 
     /// The position after the last item this run yielded.

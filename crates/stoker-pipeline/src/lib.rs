@@ -34,6 +34,7 @@ mod ops;
 mod plan;
 pub mod rng;
 mod source;
+pub mod spec;
 mod stats;
 
 pub use exec::{explain, Item, PipelineState, Run, StageState};
@@ -42,4 +43,5 @@ pub use plan::{
     ErrorPolicy, FormatChoice, Op, Pipeline, RankPolicy, RankSplit, RunOptions, Source,
 };
 pub use source::{Pos, SourceCursor};
+pub use spec::PipelineSpec;
 pub use stats::{Skipped, StageStats, Stats};

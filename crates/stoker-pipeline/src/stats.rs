@@ -55,7 +55,7 @@ pub struct Skipped {
 }
 
 /// Everything at one moment.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Stats {
     /// Seconds since the run started.
     pub elapsed_s: f64,
@@ -77,6 +77,9 @@ pub struct Stats {
     pub autotune: Vec<(f64, u64, String)>,
     /// The memory budget: bytes held now, the most held at once, and the limit.
     pub memory: (u64, u64, u64),
+    /// The store's request metrics (bytes read from storage, requests, latencies), when the
+    /// source is a store.
+    pub storage: Option<stoker_store::MetricsSnapshot>,
 }
 
 #[derive(Debug)]
@@ -124,7 +127,11 @@ impl StatsHub {
         }
     }
 
-    pub(crate) fn snapshot(&self, budget: &stoker_core::MemoryBudget) -> Stats {
+    pub(crate) fn snapshot(
+        &self,
+        budget: &stoker_core::MemoryBudget,
+        store: Option<&stoker_store::Store>,
+    ) -> Stats {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
             elapsed_s: self.started.elapsed().as_secs_f64(),
@@ -150,6 +157,7 @@ impl StatsHub {
                 .collect(),
             autotune: self.autotune.lock().clone(),
             memory: (budget.used(), budget.peak(), budget.limit()),
+            storage: store.map(|s| s.metrics()),
         }
     }
 }

@@ -25,6 +25,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Generate a dataset, serve it from an embedded S3 server, and read it back.
     Demo(DemoArgs),
+    /// Run a pipeline from a spec file (TOML) and report its throughput per stage.
+    Run(RunArgs),
     /// Mount a bucket or prefix as a read-only file system (FUSE).
     Mount(MountArgs),
     /// Unmount a file system mounted with `stoker mount`.
@@ -157,6 +159,33 @@ pub struct BenchArgs {
     /// Disable the memory cache (every epoch goes to the server).
     #[arg(long)]
     pub no_cache: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The pipeline spec (TOML; see docs/pipeline.md).
+    pub spec: PathBuf,
+    /// Print one JSON object (samples, seconds, samples_per_s, stages, ...) on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Stand in for a training step: wait this long after each item (batch), like a
+    /// consumer that is busy on the GPU. Shows whether the pipeline keeps up.
+    #[arg(long, default_value_t = 0.0)]
+    pub step_ms: f64,
+    /// Stop after this many items.
+    #[arg(long)]
+    pub limit: Option<u64>,
+    /// Print the optimizer's plan and exit.
+    #[arg(long)]
+    pub explain: bool,
+    /// Override the spec's epochs (0: forever).
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    /// Override the spec's worker threads.
+    #[arg(long)]
+    pub threads: Option<usize>,
     #[command(flatten)]
     pub store: StoreArgs,
 }

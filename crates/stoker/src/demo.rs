@@ -2,8 +2,9 @@
 //!
 //! Generates a dataset (many ~110 KB "images" in class directories and one large blob) in a
 //! local directory, serves it over S3 from an embedded test server on loopback that adds
-//! object-store-like latency to every request, and reads it back through the engine: a cold
-//! epoch, a warm epoch from the cache, and the large object as parallel ranged reads.
+//! object-store-like latency to every request, and reads it back through the engine: an
+//! ImageFolder pipeline (shuffled every epoch, labelled, batched) for two epochs, the first
+//! cold and the second from the cache, and the large object as parallel ranged reads.
 
 use std::io::Write;
 use std::path::Path;
@@ -26,6 +27,7 @@ struct DemoReport {
     latency_ms: u64,
     small_objects: usize,
     small_epochs: Vec<EpochReport>,
+    pipeline_stages: Vec<stoker_pipeline::StageStats>,
     large_bytes: u64,
     large: EpochReport,
     requests: u64,
@@ -122,20 +124,20 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         .with_credentials(server.access_key(), server.secret_key())
         .with_region(server.region());
     let cpu0 = cpu_seconds();
-    let small = Store::open(&format!("s3://{BUCKET}/images/"), opts.clone())?;
+    let popts = opts.clone();
+    let (small_epochs, pipeline_stages, sm) =
+        tokio::task::spawn_blocking(move || image_pipeline(popts)).await??;
     let pb = progress_bar(a.json);
-    let small_targets = targets(&small, None).await?;
-    let small_epochs = measure(&small, &small_targets, 2, &pb).await?;
     let large = Store::open(&format!("s3://{BUCKET}/large/blob.bin"), opts)?;
     let large_targets = targets(&large, None).await?;
     let large_report = measure(&large, &large_targets, 1, &pb).await?.remove(0);
-    let sm = small.metrics();
     let lm = large.metrics();
     let report = DemoReport {
         endpoint: server.endpoint(),
         latency_ms: a.latency_ms,
-        small_objects: small_targets.len(),
+        small_objects: small_epochs.first().map_or(0, |e| e.objects as usize),
         small_epochs,
+        pipeline_stages,
         large_bytes: large_report.bytes,
         large: large_report,
         requests: sm.http_requests + lm.http_requests,
@@ -152,7 +154,7 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
     );
     for e in &report.small_epochs {
         println!(
-            "  {} small objects, epoch {} ({}): {:>8.1} objects/s {:>8.1} MiB/s  ({:.2} s)",
+            "  ImageFolder pipeline over {} objects, epoch {} ({}): {:>8.1} samples/s {:>8.1} MiB/s  ({:.2} s)",
             report.small_objects,
             e.epoch,
             if e.epoch == 1 {
@@ -175,6 +177,67 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         "  {} HTTP requests, {} cache hits, client CPU {:.2} s",
         report.requests, report.cache_hits, report.cpu_seconds
     );
+    println!("  pipeline stages (shuffled every epoch, labelled, batches of 64):");
+    for st in &report.pipeline_stages {
+        println!(
+            "    {:<28} {:>8} items  busy {:>6.2} s  waiting {:>6.2} s",
+            st.name, st.items_out, st.busy_s, st.wait_s
+        );
+    }
     drop(server);
     Ok(())
+}
+
+/// Two epochs of an ImageFolder pipeline over the generated images: shuffled, labelled,
+/// batched. Returns each epoch's throughput, the stages, and the store's metrics.
+fn image_pipeline(
+    opts: StoreOptions,
+) -> anyhow::Result<(
+    Vec<EpochReport>,
+    Vec<stoker_pipeline::StageStats>,
+    stoker_store::MetricsSnapshot,
+)> {
+    use stoker_pipeline::{Builtin, FormatChoice, Pipeline};
+    let p = Pipeline::from_url(
+        &format!("s3://{BUCKET}/images/"),
+        opts,
+        FormatChoice::ImageFolder,
+    )
+    .shuffle_shards(true)
+    .map(Builtin::Len {
+        field: "jpg".into(),
+        to: "bytes".into(),
+    })
+    .batch(64, false)
+    .epochs(Some(2))
+    .seed(42);
+    let mut run = p.run()?;
+    let mut epochs = Vec::new();
+    let mut t = std::time::Instant::now();
+    let (mut samples, mut bytes) = (0u64, 0u64);
+    // Every object is one sample: an epoch is one sample per object.
+    let per_epoch = run.shards() as u64;
+    for item in run.by_ref() {
+        let b = item?.into_batch().expect("batches");
+        samples += b.len() as u64;
+        if let Some(stoker_core::Value::Tensor(n)) = b.get("bytes") {
+            bytes += n.to_vec::<i64>().unwrap_or_default().iter().sum::<i64>() as u64;
+        }
+        if samples == per_epoch {
+            let seconds = t.elapsed().as_secs_f64();
+            epochs.push(EpochReport {
+                epoch: epochs.len() + 1,
+                objects: samples,
+                bytes,
+                seconds,
+                objects_per_s: samples as f64 / seconds,
+                mib_per_s: bytes as f64 / seconds / (1 << 20) as f64,
+            });
+            samples = 0;
+            bytes = 0;
+            t = std::time::Instant::now();
+        }
+    }
+    let st = run.stats();
+    Ok((epochs, st.stages, st.storage.unwrap_or_default()))
 }

@@ -1,7 +1,7 @@
 //! `stoker`: the command line.
 //!
-//! `stoker ls | cat | bench | demo | mount | unmount` today; `run` and `profile` join as their engines
-//! land. Raw arguments (clap structs in [`args`]) are kept apart from the resolved store
+//! `stoker ls | cat | bench | run | demo | mount | unmount` today; `profile` joins as its engine
+//! lands. Raw arguments (clap structs in [`args`]) are kept apart from the resolved store
 //! configuration ([`args::StoreArgs::options`]), and every subcommand lives in its own module.
 
 mod args;
@@ -9,6 +9,7 @@ mod bench;
 mod demo;
 mod inspect;
 mod mount;
+mod run;
 
 use clap::Parser;
 
@@ -59,6 +60,7 @@ fn main() -> std::process::ExitCode {
             args::Command::Cat(a) => inspect::cat(a).await,
             args::Command::Bench(a) => bench::run(a).await,
             args::Command::Demo(a) => demo::run(a).await,
+            args::Command::Run(a) => run::run(a).await,
             args::Command::Mount(a) => mount::mount(a).await,
             args::Command::Unmount(a) => mount::unmount(a).await,
         }

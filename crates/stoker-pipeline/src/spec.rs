@@ -1,0 +1,399 @@
+//! Pipelines written down: the spec that `stoker run PIPELINE.toml` reads (and that the
+//! Python package accepts as a dict).
+//!
+//! ```toml
+//! source = "s3://bucket/train/"     # every object under the prefix (or one object)
+//! glob = "*.tar"                     # optional
+//! format = "tar"                     # files | imagefolder | tar | tfrecord | parquet | jsonl | csv
+//! seed = 1
+//! epochs = 1
+//! shuffle_shards = true
+//! interleave = 4                     # shards read at once
+//!
+//! [format_options]                   # per format: parse_examples (tfrecord), columns
+//! columns = ["image", "label"]       # (parquet), delimiter/has_header/infer_types (csv)
+//!
+//! [rank]                             # optional data-parallel split
+//! rank = 0
+//! world = 8
+//! policy = "drop"                    # or "pad"
+//!
+//! [[ops]]
+//! op = "decode_utf8"
+//! field = "txt"
+//! [[ops]]
+//! op = "shuffle"
+//! buffer = 1000
+//! [[ops]]
+//! op = "batch"
+//! size = 32
+//!
+//! [options]
+//! threads = 8
+//! errors = "skip"                    # or "raise"
+//! memory_limit = "2GiB"
+//!
+//! [store]                            # store options, the same keys as `--option`
+//! endpoint = "http://127.0.0.1:9000"
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use stoker_core::{ByteSize, Collate, CollatePolicy, Error};
+use stoker_formats::csv::Csv;
+use stoker_formats::jsonl::Jsonl;
+use stoker_formats::parquet::Parquet;
+use stoker_formats::tar::Tar;
+use stoker_formats::tfrecord::TfRecord;
+use stoker_formats::Format;
+use stoker_store::StoreOptions;
+
+use crate::ops::Builtin;
+use crate::plan::{ErrorPolicy, FormatChoice, Pipeline, RankPolicy, RunOptions};
+
+/// A pipeline spec (see the module docs).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// The source URL.
+    pub source: String,
+    /// Only keys matching this glob.
+    #[serde(default)]
+    pub glob: Option<String>,
+    /// The record format.
+    pub format: String,
+    /// Format options.
+    #[serde(default)]
+    pub format_options: FormatOptions,
+    /// The seed.
+    #[serde(default)]
+    pub seed: u64,
+    /// Epochs (default 1; 0 means forever).
+    #[serde(default = "one")]
+    pub epochs: u64,
+    /// Shuffle shard (or object) order each epoch.
+    #[serde(default)]
+    pub shuffle_shards: bool,
+    /// Shards read at once.
+    #[serde(default = "one_usize")]
+    pub interleave: usize,
+    /// Data-parallel split.
+    #[serde(default)]
+    pub rank: Option<RankSpec>,
+    /// Operators, in order.
+    #[serde(default)]
+    pub ops: Vec<OpSpec>,
+    /// Run options.
+    #[serde(default)]
+    pub options: OptionsSpec,
+    /// Store options (`endpoint`, `region`, `part_size`, ...).
+    #[serde(default)]
+    pub store: BTreeMap<String, toml_like::Scalar>,
+}
+
+fn one() -> u64 {
+    1
+}
+fn one_usize() -> usize {
+    1
+}
+
+/// Format options; each format reads the ones it knows.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FormatOptions {
+    /// TFRecord: decode `tf.train.Example`s (default true).
+    #[serde(default)]
+    pub parse_examples: Option<bool>,
+    /// Parquet: columns to read.
+    #[serde(default)]
+    pub columns: Option<Vec<String>>,
+    /// CSV: the delimiter (one character).
+    #[serde(default)]
+    pub delimiter: Option<String>,
+    /// CSV: the first row names the fields (default true).
+    #[serde(default)]
+    pub has_header: Option<bool>,
+    /// CSV: numbers become numbers (default true).
+    #[serde(default)]
+    pub infer_types: Option<bool>,
+}
+
+/// `[rank]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RankSpec {
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world: u32,
+    /// `drop` or `pad`.
+    #[serde(default)]
+    pub policy: RankPolicy,
+}
+
+/// `[options]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptionsSpec {
+    /// Worker threads.
+    #[serde(default)]
+    pub threads: Option<usize>,
+    /// Autotune the workers (default true).
+    #[serde(default)]
+    pub autotune: Option<bool>,
+    /// Deterministic order (default true).
+    #[serde(default)]
+    pub deterministic: Option<bool>,
+    /// `raise` or `skip`.
+    #[serde(default)]
+    pub errors: Option<ErrorPolicy>,
+    /// The memory budget (`2GiB`).
+    #[serde(default)]
+    pub memory_limit: Option<String>,
+}
+
+/// One operator of the spec.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum OpSpec {
+    /// A shuffle buffer.
+    Shuffle {
+        /// Its size in samples.
+        buffer: usize,
+    },
+    /// Batching.
+    Batch {
+        /// Samples per batch.
+        size: usize,
+        /// Drop a last smaller batch.
+        #[serde(default)]
+        drop_last: bool,
+        /// `auto` (default), `stack`, `list`, or `pad` (with `pad_value`).
+        #[serde(default)]
+        collate: Option<String>,
+        /// The pad value for `pad`.
+        #[serde(default)]
+        pad_value: Option<f64>,
+    },
+    /// Split batches.
+    Unbatch,
+    /// At most n items per epoch.
+    Take {
+        /// n.
+        n: u64,
+    },
+    /// Skip n items per epoch.
+    Skip {
+        /// n.
+        n: u64,
+    },
+    /// Items kept ready ahead.
+    Prefetch {
+        /// How many.
+        n: usize,
+    },
+    /// A built-in per-sample operator.
+    #[serde(untagged)]
+    Builtin(Builtin),
+}
+
+/// Scalars of a `[store]` table (TOML strings, numbers and booleans).
+pub mod toml_like {
+    /// A string, number or boolean.
+    #[derive(Debug, Clone, serde::Deserialize)]
+    #[serde(untagged)]
+    pub enum Scalar {
+        /// A string.
+        Str(String),
+        /// An integer.
+        Int(i64),
+        /// A float.
+        Float(f64),
+        /// A boolean.
+        Bool(bool),
+    }
+
+    impl std::fmt::Display for Scalar {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self {
+                Scalar::Str(s) => f.write_str(s),
+                Scalar::Int(i) => write!(f, "{i}"),
+                Scalar::Float(x) => write!(f, "{x}"),
+                Scalar::Bool(b) => write!(f, "{b}"),
+            }
+        }
+    }
+}
+
+impl PipelineSpec {
+    /// Builds the pipeline, on top of `store` options (from flags and the environment;
+    /// the spec's `[store]` table wins).
+    pub fn build(&self, mut store: StoreOptions) -> Result<Pipeline, Error> {
+        for (k, v) in &self.store {
+            store
+                .set(k, &v.to_string())
+                .map_err(|e| Error::invalid(format!("[store] {k}: {e}")))?;
+        }
+        let fo = &self.format_options;
+        let fixed = |f: Arc<dyn Format>| FormatChoice::Fixed(f);
+        let format = match self.format.as_str() {
+            "files" => FormatChoice::Files,
+            "imagefolder" => FormatChoice::ImageFolder,
+            "tar" | "webdataset" => fixed(Arc::new(Tar)),
+            "tfrecord" => fixed(Arc::new(TfRecord {
+                parse_examples: fo.parse_examples.unwrap_or(true),
+            })),
+            "parquet" => fixed(Arc::new(Parquet {
+                columns: fo.columns.clone(),
+            })),
+            "jsonl" => fixed(Arc::new(Jsonl)),
+            "csv" => {
+                let mut c = Csv::default();
+                if let Some(d) = &fo.delimiter {
+                    let b = d.as_bytes();
+                    if b.len() != 1 {
+                        return Err(Error::invalid(format!(
+                            "csv delimiter must be one byte, not {d:?}"
+                        )));
+                    }
+                    c.delimiter = b[0];
+                }
+                if let Some(h) = fo.has_header {
+                    c.has_header = h;
+                }
+                if let Some(t) = fo.infer_types {
+                    c.infer_types = t;
+                }
+                fixed(Arc::new(c))
+            }
+            other => {
+                return Err(Error::invalid(format!(
+                    "unknown format {other:?} (files, imagefolder, tar, tfrecord, parquet, \
+                     jsonl, csv)"
+                )))
+            }
+        };
+        let mut p = Pipeline::from_url(&self.source, store, format)
+            .shuffle_shards(self.shuffle_shards)
+            .interleave(self.interleave)
+            .seed(self.seed)
+            .epochs((self.epochs > 0).then_some(self.epochs));
+        if let Some(g) = &self.glob {
+            p = p.glob(g.clone());
+        }
+        if let Some(r) = &self.rank {
+            p = p.shard_by_rank(r.rank, r.world, r.policy);
+        }
+        for op in &self.ops {
+            p = match op {
+                OpSpec::Shuffle { buffer } => p.shuffle(*buffer),
+                OpSpec::Batch {
+                    size,
+                    drop_last,
+                    collate,
+                    pad_value,
+                } => {
+                    let default = match collate.as_deref().unwrap_or("auto") {
+                        "auto" => Collate::Auto,
+                        "stack" => Collate::Stack,
+                        "list" => Collate::List,
+                        "pad" => Collate::Pad(pad_value.unwrap_or(0.0)),
+                        other => {
+                            return Err(Error::invalid(format!(
+                                "unknown collate {other:?} (auto, stack, list, pad)"
+                            )))
+                        }
+                    };
+                    p.batch_with(
+                        *size,
+                        *drop_last,
+                        CollatePolicy {
+                            default,
+                            fields: vec![],
+                        },
+                    )
+                }
+                OpSpec::Unbatch => p.unbatch(),
+                OpSpec::Take { n } => p.take(*n),
+                OpSpec::Skip { n } => p.skip(*n),
+                OpSpec::Prefetch { n } => p.prefetch(*n),
+                OpSpec::Builtin(b) => {
+                    b.validate()?;
+                    p.map(b.clone())
+                }
+            };
+        }
+        let o = &self.options;
+        let mut ro = RunOptions::default();
+        if let Some(t) = o.threads {
+            ro = ro.with_threads(t);
+        }
+        if let Some(a) = o.autotune {
+            ro = ro.with_autotune(a);
+        }
+        if let Some(d) = o.deterministic {
+            ro = ro.with_deterministic(d);
+        }
+        if let Some(e) = o.errors {
+            ro = ro.with_errors(e);
+        }
+        if let Some(m) = &o.memory_limit {
+            let b: ByteSize = m
+                .parse()
+                .map_err(|e| Error::invalid(format!("memory_limit {m:?}: {e}")))?;
+            ro = ro.with_memory_limit(b.bytes());
+        }
+        Ok(p.options(ro))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spec_with_every_kind_of_op_parses() {
+        let spec: PipelineSpec = serde_json::from_value(serde_json::json!({
+            "source": "file:///tmp/x/",
+            "format": "tfrecord",
+            "format_options": {"parse_examples": false},
+            "rank": {"rank": 1, "world": 4, "policy": "pad"},
+            "ops": [
+                {"op": "decode_utf8", "field": "txt"},
+                {"op": "shuffle", "buffer": 10},
+                {"op": "batch", "size": 4, "collate": "pad", "pad_value": -1.0},
+                {"op": "take", "n": 3},
+            ],
+            "options": {"threads": 3, "errors": "skip", "memory_limit": "64MiB"},
+            "store": {"part_size": "1MiB"}
+        }))
+        .unwrap();
+        assert_eq!(spec.ops.len(), 4);
+        assert!(matches!(
+            spec.ops[0],
+            OpSpec::Builtin(Builtin::DecodeUtf8 { .. })
+        ));
+        let p = spec.build(StoreOptions::default()).unwrap();
+        assert!(p.explain().contains("take(3)"));
+    }
+
+    #[test]
+    fn unknown_things_are_named() {
+        let e = serde_json::from_value::<PipelineSpec>(serde_json::json!({
+            "source": "x", "format": "tar", "ops": [{"op": "decode_png", "field": "x"}]
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("did not match") || e.contains("decode_png"),
+            "{e}"
+        );
+        let spec: PipelineSpec =
+            serde_json::from_value(serde_json::json!({"source": "x", "format": "avro"})).unwrap();
+        let e = spec.build(StoreOptions::default()).unwrap_err().to_string();
+        assert!(e.contains("avro"), "{e}");
+    }
+}

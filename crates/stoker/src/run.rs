@@ -1,0 +1,189 @@
+//! `stoker run PIPELINE.toml`: runs a pipeline spec and reports where the time goes.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use stoker_pipeline::{PipelineSpec, Stats};
+
+use crate::args::RunArgs;
+
+/// What `--json` prints.
+#[derive(Debug, Serialize)]
+pub struct RunReport {
+    pub samples: u64,
+    pub items: u64,
+    pub seconds: f64,
+    pub samples_per_s: f64,
+    pub items_per_s: f64,
+    pub bytes_read: u64,
+    pub skipped: u64,
+    pub peak_rss_bytes: u64,
+    pub memory_limit_bytes: u64,
+    pub memory_peak_bytes: u64,
+    pub step_ms: f64,
+    /// Seconds the consumer waited for the pipeline (0 when it keeps up).
+    pub consumer_wait_s: f64,
+    pub stages: Vec<stoker_pipeline::StageStats>,
+    pub skipped_errors: Vec<String>,
+    pub autotune: Vec<(f64, u64, String)>,
+}
+
+/// This process's peak resident set (VmHWM), in bytes.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+pub async fn run(a: RunArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&a.spec)
+        .with_context(|| format!("cannot read {}", a.spec.display()))?;
+    let mut spec: PipelineSpec = toml::from_str(&text)
+        .with_context(|| format!("{} is not a pipeline spec", a.spec.display()))?;
+    if let Some(e) = a.epochs {
+        spec.epochs = e;
+    }
+    if let Some(t) = a.threads {
+        spec.options.threads = Some(t);
+    }
+    let store = a.store.options()?;
+    // The engine has its own threads and I/O runtime; it runs outside this async context.
+    tokio::task::spawn_blocking(move || run_blocking(a, spec, store)).await?
+}
+
+fn run_blocking(
+    a: RunArgs,
+    spec: PipelineSpec,
+    store: stoker_store::StoreOptions,
+) -> anyhow::Result<()> {
+    let p = spec.build(store)?;
+    if a.explain {
+        print!("{}", p.explain());
+        return Ok(());
+    }
+    let pb = if a.json || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let pb = ProgressBar::new_spinner();
+        pb.set_style(
+            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}").expect("template"),
+        );
+        pb
+    };
+    let t0 = Instant::now();
+    let mut run = p.run()?;
+    let mut items = 0u64;
+    let mut samples = 0u64;
+    let mut waited = Duration::ZERO;
+    let step = Duration::from_secs_f64(a.step_ms.max(0.0) / 1000.0);
+    let mut last_draw = Instant::now();
+    loop {
+        if a.limit.is_some_and(|l| items >= l) {
+            break;
+        }
+        let w0 = Instant::now();
+        let Some(item) = run.next() else { break };
+        waited += w0.elapsed();
+        let item = item?;
+        items += 1;
+        samples += item.samples() as u64;
+        drop(item);
+        if !step.is_zero() {
+            std::thread::sleep(step);
+        }
+        if last_draw.elapsed() > Duration::from_millis(200) {
+            let s = t0.elapsed().as_secs_f64();
+            pb.set_message(format!(
+                "{samples} samples, {:.0} samples/s, epoch {}",
+                samples as f64 / s,
+                run.stats().epoch
+            ));
+            last_draw = Instant::now();
+        }
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    let st = run.stats();
+    drop(run);
+    let report = RunReport {
+        samples,
+        items,
+        seconds,
+        samples_per_s: samples as f64 / seconds,
+        items_per_s: items as f64 / seconds,
+        bytes_read: st.storage.as_ref().map_or(0, |m| m.bytes_read),
+        skipped: st.skipped,
+        peak_rss_bytes: peak_rss_bytes(),
+        memory_limit_bytes: st.memory.2,
+        memory_peak_bytes: st.memory.1,
+        step_ms: a.step_ms,
+        consumer_wait_s: waited.as_secs_f64(),
+        stages: st.stages.clone(),
+        skipped_errors: st.skipped_errors.iter().map(|s| s.error.clone()).collect(),
+        autotune: st.autotune.clone(),
+    };
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string(&report)?)?;
+    } else {
+        print_summary(&mut out, &report, &st)?;
+    }
+    Ok(())
+}
+
+fn print_summary(out: &mut impl Write, r: &RunReport, st: &Stats) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{} samples in {} items, {:.2} s: {:.0} samples/s, {:.1} items/s, {:.1} MiB read",
+        r.samples,
+        r.items,
+        r.seconds,
+        r.samples_per_s,
+        r.items_per_s,
+        r.bytes_read as f64 / (1 << 20) as f64
+    )?;
+    writeln!(
+        out,
+        "memory: peak {:.1} MiB of a {:.0} MiB budget, process peak RSS {:.1} MiB; {} worker threads",
+        r.memory_peak_bytes as f64 / (1 << 20) as f64,
+        r.memory_limit_bytes as f64 / (1 << 20) as f64,
+        r.peak_rss_bytes as f64 / (1 << 20) as f64,
+        st.threads
+    )?;
+    if r.step_ms > 0.0 {
+        writeln!(
+            out,
+            "consumer: {:.1} ms step, waited {:.2} s for input ({:.0}% of the run)",
+            r.step_ms,
+            r.consumer_wait_s,
+            100.0 * r.consumer_wait_s / r.seconds
+        )?;
+    }
+    writeln!(
+        out,
+        "{:<44} {:>10} {:>10} {:>8} {:>9} {:>9}",
+        "stage", "in", "out", "dropped", "busy s", "wait s"
+    )?;
+    for s in &r.stages {
+        writeln!(
+            out,
+            "{:<44} {:>10} {:>10} {:>8} {:>9.2} {:>9.2}",
+            s.name, s.items_in, s.items_out, s.dropped, s.busy_s, s.wait_s
+        )?;
+    }
+    if r.skipped > 0 {
+        writeln!(out, "skipped {} (policy: skip):", r.skipped)?;
+        for e in &r.skipped_errors {
+            writeln!(out, "  {e}")?;
+        }
+    }
+    Ok(())
+}
