@@ -440,7 +440,9 @@ fn run_per_object(
         .iter()
         .map(|&i| ds.shards[i as usize].key.clone())
         .collect();
-    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    // Small: what waits here has left the fetch window's budget and not yet entered the
+    // pipeline's.
+    let (tx, mut rx) = tokio::sync::mpsc::channel(2);
     let fetch = ds.fetch.clone();
     let task = ds.runtime.spawn(async move {
         let mut s = store.fetch_many(keys, fetch);
