@@ -439,13 +439,17 @@ impl Run {
             Some(l) => MemoryBudget::new(l),
             None => MemoryBudget::from_system(),
         };
-        let ds = Arc::new(Dataset::resolve(
+        let mut ds = Dataset::resolve(
             &p.source,
             &p.format,
             runtime.handle(),
             Some(budget.clone()),
             p.options.memory_limit,
-        )?);
+        )?;
+        if p.cache {
+            ds.cache = Some(crate::source::SampleCache::new(budget.clone()));
+        }
+        let ds = Arc::new(ds);
         let ph = optimize(&p.ops);
         let cfg = SourceConfig {
             shuffle_shards: p.shuffle_shards,
@@ -475,7 +479,11 @@ impl Run {
         } else {
             Ok(())
         };
-        let mut names = vec![format!("source({})", ds.format.name())];
+        let mut names = vec![format!(
+            "source({}{})",
+            ds.format.name(),
+            if p.cache { ", cached" } else { "" }
+        )];
         if !ph.producer.is_empty() {
             names.push(producer_name(&ph.producer));
         }

@@ -187,6 +187,7 @@ pub struct Pipeline {
     pub(crate) format: FormatChoice,
     pub(crate) shuffle_shards: bool,
     pub(crate) cycle: usize,
+    pub(crate) cache: bool,
     pub(crate) rank: Option<RankSplit>,
     pub(crate) ops: Vec<Op>,
     pub(crate) epochs: Option<u64>,
@@ -201,6 +202,7 @@ impl Pipeline {
             source,
             format,
             shuffle_shards: false,
+            cache: false,
             cycle: 1,
             rank: None,
             ops: Vec::new(),
@@ -306,6 +308,15 @@ impl Pipeline {
     /// Skips `n` items per epoch.
     pub fn skip(mut self, n: u64) -> Self {
         self.ops.push(Op::Skip(n));
+        self
+    }
+
+    /// Keeps the parsed records in memory after the first epoch reads them (within the
+    /// memory budget, at most half of it), so later epochs neither fetch nor parse them.
+    /// Operators still run every epoch (random ones draw anew). Raw bytes can also be kept
+    /// on local disk by the store's disk cache (store option `cache_dir`).
+    pub fn cache(mut self) -> Self {
+        self.cache = true;
         self
     }
 

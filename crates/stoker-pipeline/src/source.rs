@@ -90,6 +90,53 @@ pub(crate) struct Dataset {
     pub per_object: bool,
     pub runtime: tokio::runtime::Handle,
     pub fetch: FetchManyOptions,
+    pub cache: Option<SampleCache>,
+}
+
+/// Parsed records kept in memory across epochs (`Pipeline::cache`), shard by shard, within
+/// the memory budget: a shard is kept only when it was read whole without errors and its
+/// samples fit in the budget; otherwise it is read again next epoch. The records are the
+/// same either way, so a partial cache changes speed, never results.
+pub(crate) struct SampleCache {
+    shards: parking_lot::Mutex<std::collections::HashMap<u32, Arc<Vec<Sample>>>>,
+    holds: parking_lot::Mutex<Vec<stoker_core::Reservation>>,
+    budget: stoker_core::MemoryBudget,
+    pub hits: std::sync::atomic::AtomicU64,
+}
+
+impl SampleCache {
+    pub(crate) fn new(budget: stoker_core::MemoryBudget) -> SampleCache {
+        SampleCache {
+            shards: Default::default(),
+            holds: Default::default(),
+            budget,
+            hits: Default::default(),
+        }
+    }
+
+    fn get(&self, id: u32) -> Option<Arc<Vec<Sample>>> {
+        let r = self.shards.lock().get(&id).cloned();
+        if r.is_some() {
+            self.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn contains(&self, id: u32) -> bool {
+        self.shards.lock().contains_key(&id)
+    }
+
+    fn insert(&self, id: u32, samples: Vec<Sample>) {
+        let bytes: u64 = samples.iter().map(|s| s.size_bytes() as u64 + 64).sum();
+        // Keep at most half the budget for the cache: the rest is for the pipeline itself.
+        if self.budget.used() + bytes > self.budget.limit() / 2 {
+            return;
+        }
+        if let Some(h) = self.budget.try_reserve(bytes) {
+            self.holds.lock().push(h);
+            self.shards.lock().insert(id, Arc::new(samples));
+        }
+    }
 }
 
 impl std::fmt::Debug for Dataset {
@@ -195,6 +242,7 @@ impl Dataset {
             per_object: format.one_sample_per_object(),
             format,
             runtime: runtime.clone(),
+            cache: None,
             // Fetched-but-unparsed bytes get a quarter of the budget; the rest is for
             // samples on their way to the consumer.
             fetch: FetchManyOptions::default().with_max_bytes(
@@ -341,6 +389,17 @@ fn spawn_reader(ds: &Arc<Dataset>, id: u32, skip: u64) -> crossbeam_channel::Rec
         .name("stoker-shard".into())
         .spawn(move || {
             let shard = &ds.shards[id as usize];
+            if let Some(cached) = ds.cache.as_ref().and_then(|c| c.get(id)) {
+                for s in cached.iter().skip(skip as usize) {
+                    if tx.send(ReaderMsg::Sample(s.clone())).is_err() {
+                        return;
+                    }
+                }
+                let _ = tx.send(ReaderMsg::End);
+                return;
+            }
+            // Collect the shard for the cache (only a read from the start can fill it).
+            let mut keep: Option<Vec<Sample>> = (ds.cache.is_some() && skip == 0).then(Vec::new);
             let reader = open_input(&ds, id).and_then(|input| ds.format.open(shard, input));
             let mut reader = match reader {
                 Ok(r) => r,
@@ -358,9 +417,22 @@ fn spawn_reader(ds: &Arc<Dataset>, id: u32, skip: u64) -> crossbeam_channel::Rec
             }
             loop {
                 let msg = match reader.next() {
-                    Ok(Some(s)) => ReaderMsg::Sample(s),
-                    Ok(None) => ReaderMsg::End,
-                    Err(e) => ReaderMsg::Err(e.with_object(shard.url.clone())),
+                    Ok(Some(s)) => {
+                        if let Some(k) = keep.as_mut() {
+                            k.push(s.clone());
+                        }
+                        ReaderMsg::Sample(s)
+                    }
+                    Ok(None) => {
+                        if let (Some(k), Some(c)) = (keep.take(), ds.cache.as_ref()) {
+                            c.insert(id, k);
+                        }
+                        ReaderMsg::End
+                    }
+                    Err(e) => {
+                        keep = None;
+                        ReaderMsg::Err(e.with_object(shard.url.clone()))
+                    }
                 };
                 let end = matches!(msg, ReaderMsg::End);
                 if tx.send(msg).is_err() || end {
@@ -436,9 +508,16 @@ fn run_per_object(
         return;
     }
     let store = ds.store.clone().expect("a store");
+    // Objects cached by an earlier epoch are not fetched again.
+    let cached: Vec<bool> = order[start..]
+        .iter()
+        .map(|&i| ds.cache.as_ref().is_some_and(|c| c.contains(i)))
+        .collect();
     let keys: Vec<String> = order[start..]
         .iter()
-        .map(|&i| ds.shards[i as usize].key.clone())
+        .zip(&cached)
+        .filter(|(_, &c)| !c)
+        .map(|(&i, _)| ds.shards[i as usize].key.clone())
         .collect();
     // Small: what waits here has left the fetch window's budget and not yet entered the
     // pipeline's.
@@ -452,13 +531,23 @@ fn run_per_object(
             }
         }
     });
-    for &id in &order[start..] {
+    for (&id, &from_cache) in order[start..].iter().zip(&cached) {
+        if from_cache {
+            let s = ds.cache.as_ref().and_then(|c| c.get(id)).expect("cached");
+            if !send(cursor, id, Ok(s[0].clone())) {
+                break;
+            }
+            continue;
+        }
         let Some(r) = rx.blocking_recv() else { break };
         let r = r
             .map_err(|e| {
                 Error::storage(e.to_string()).with_object(ds.shards[id as usize].url.clone())
             })
             .and_then(|o| sample_of_object(ds, id, o.bytes));
+        if let (Ok(s), Some(c)) = (&r, ds.cache.as_ref()) {
+            c.insert(id, vec![s.clone()]);
+        }
         if !send(cursor, id, r) {
             break;
         }

@@ -190,6 +190,8 @@ pub enum OpSpec {
         /// n.
         n: u64,
     },
+    /// Keep parsed records in memory across epochs.
+    Cache,
     /// Items kept ready ahead.
     Prefetch {
         /// How many.
@@ -320,6 +322,7 @@ impl PipelineSpec {
                 OpSpec::Take { n } => p.take(*n),
                 OpSpec::Skip { n } => p.skip(*n),
                 OpSpec::Prefetch { n } => p.prefetch(*n),
+                OpSpec::Cache => p.cache(),
                 OpSpec::Builtin(b) => {
                     b.validate()?;
                     p.map(b.clone())

@@ -32,6 +32,14 @@ fn a_slow_consumer_holds_the_pipeline_within_its_budget() {
     let mut run = p.run().unwrap();
     let mut samples = 0;
     let mut held_max = 0;
+    // Give the source all the time it wants: it still stops where the budget is full.
+    samples += run.next().unwrap().unwrap().samples();
+    std::thread::sleep(Duration::from_millis(500));
+    let ahead = run.stats().stages[0].items_out;
+    assert!(
+        ahead < 48,
+        "the source ran {ahead} samples ahead of a consumer at 2"
+    );
     while let Some(item) = run.next() {
         samples += item.unwrap().samples();
         held_max = held_max.max(run.stats().memory.0);
@@ -47,6 +55,4 @@ fn a_slow_consumer_holds_the_pipeline_within_its_budget() {
     // the bound that held: the pipeline would have read ahead much further).
     assert!(held_max > limit / 2, "held at most {held_max} bytes");
     // (The process's RSS is checked in a process of its own: crates/stoker/tests/run.rs.)
-    // The source waited on the consumer: backpressure, not buffering.
-    assert!(st.stages[0].wait_s > 0.5, "{:?}", st.stages[0]);
 }

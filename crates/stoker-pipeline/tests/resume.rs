@@ -20,6 +20,7 @@ struct Shape {
     epochs: u64,
     seed: u64,
     threads: usize,
+    cache: bool,
 }
 
 fn build(s: &Shape) -> Pipeline {
@@ -29,6 +30,9 @@ fn build(s: &Shape) -> Pipeline {
         _ => memory(45),
     };
     p = p.shuffle_shards(s.shuffle_shards);
+    if s.cache {
+        p = p.cache();
+    }
     if let Some((rank, world, pad)) = s.rank {
         let policy = if pad {
             RankPolicy::Pad
@@ -74,13 +78,13 @@ fn shape() -> impl Strategy<Value = Shape> {
             proptest::option::of(1u64..60),
             proptest::option::of((0u32..4, 1u32..4, any::<bool>())),
         ),
-        (1u64..3, any::<u64>(), 1usize..4),
+        (1u64..3, any::<u64>(), 1usize..4, any::<bool>()),
     )
         .prop_map(
             |(
                 (source, cycle, shuffle_shards, buffer),
                 (batch, skip, take, rank),
-                (epochs, seed, threads),
+                (epochs, seed, threads, cache),
             )| Shape {
                 source,
                 cycle,
@@ -93,6 +97,7 @@ fn shape() -> impl Strategy<Value = Shape> {
                 epochs,
                 seed,
                 threads,
+                cache,
             },
         )
 }

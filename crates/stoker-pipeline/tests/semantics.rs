@@ -302,3 +302,30 @@ fn the_optimizer_fuses_maps_and_moves_them_past_a_shuffle() {
     let got: Vec<Item> = p.run().unwrap().map(Result::unwrap).collect();
     assert_eq!(got.iter().map(Item::samples).sum::<usize>(), 10);
 }
+
+#[test]
+fn a_cache_changes_speed_not_results() {
+    for (name, p) in [("shards", shards().interleave(2)), ("files", files())] {
+        let p = p
+            .shuffle_shards(true)
+            .map(Builtin::RandomInt {
+                to: "r".into(),
+                below: 1_000_000,
+            })
+            .shuffle(10)
+            .epochs(Some(3))
+            .seed(4);
+        let plain: Vec<Item> = p.run().unwrap().map(Result::unwrap).collect();
+        let mut run = p.clone().cache().run().unwrap();
+        let cached: Vec<Item> = run.by_ref().map(Result::unwrap).collect();
+        assert_eq!(plain, cached, "{name}");
+        let gets_cached = run.stats().storage.unwrap().get_requests;
+        let mut one = p.epochs(Some(1)).run().unwrap();
+        one.by_ref().for_each(drop);
+        let gets_one_epoch = one.stats().storage.unwrap().get_requests;
+        assert_eq!(
+            gets_cached, gets_one_epoch,
+            "{name}: epochs 2 and 3 came from the cache"
+        );
+    }
+}

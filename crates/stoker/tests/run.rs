@@ -205,6 +205,4 @@ fn a_slow_consumer_keeps_the_process_within_the_memory_budget() {
         "96 MiB through a 16 MiB budget grew the process by {} MiB",
         grew >> 20
     );
-    // The consumer was the bottleneck: the source spent its time waiting.
-    assert!(big["stages"][0]["wait_s"].as_f64().unwrap() > 0.3, "{big}");
 }
