@@ -1,35 +1,20 @@
 //! CSV over chunked streams.
 
-use std::io;
+mod common;
 
-use bytes::Bytes;
-use stoker_core::{Error, ErrorKind, Sample, Value};
+use stoker_core::{ErrorKind, Sample, Value};
 use stoker_formats::csv::Csv;
-use stoker_formats::{ChunkCursor, Format, Input, IterSource, RecordReader, ShardInfo};
+use stoker_formats::{Format, Input, RecordReader, ShardInfo};
 
 const URL: &str = "s3://bucket/data.csv";
 
 fn open_with(f: Csv, data: &[u8], chunk: usize) -> Box<dyn RecordReader> {
-    let parts: Vec<io::Result<Bytes>> = data
-        .chunks(chunk)
-        .map(|c| Ok(Bytes::copy_from_slice(c)))
-        .collect();
-    let cursor = ChunkCursor::new(Box::new(IterSource(parts.into_iter())));
+    let cursor = common::chunked(data, chunk);
     f.open(&ShardInfo::new("data.csv", URL), Input::Stream(cursor))
         .unwrap()
 }
 
-fn drain(r: &mut dyn RecordReader) -> Vec<Result<Sample, Error>> {
-    let mut out = Vec::new();
-    loop {
-        match r.next() {
-            Ok(Some(s)) => out.push(Ok(s)),
-            Ok(None) => return out,
-            Err(e) => out.push(Err(e)),
-        }
-        assert!(out.len() < 10_000, "runaway reader");
-    }
-}
+use common::drain;
 
 fn rows(f: Csv, data: &[u8], chunk: usize) -> Vec<Sample> {
     drain(&mut *open_with(f, data, chunk))

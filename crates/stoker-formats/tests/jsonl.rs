@@ -1,21 +1,14 @@
 //! JSON Lines over chunked streams.
 
-use std::io;
+mod common;
 
-use bytes::Bytes;
-use stoker_core::{DType, Error, ErrorKind, Sample, Value};
+use stoker_core::{DType, ErrorKind, Sample, Value};
 use stoker_formats::jsonl::Jsonl;
-use stoker_formats::{ChunkCursor, Format, Input, IterSource, RecordReader, ShardInfo};
+use stoker_formats::{Format, Input, RecordReader, ShardInfo};
 
 const URL: &str = "s3://bucket/data.jsonl";
 
-fn cursor(data: &[u8], chunk: usize) -> ChunkCursor {
-    let parts: Vec<io::Result<Bytes>> = data
-        .chunks(chunk)
-        .map(|c| Ok(Bytes::copy_from_slice(c)))
-        .collect();
-    ChunkCursor::new(Box::new(IterSource(parts.into_iter())))
-}
+use common::{chunked as cursor, drain};
 
 fn open(data: &[u8], chunk: usize) -> Box<dyn RecordReader> {
     Jsonl
@@ -24,18 +17,6 @@ fn open(data: &[u8], chunk: usize) -> Box<dyn RecordReader> {
             Input::Stream(cursor(data, chunk)),
         )
         .unwrap()
-}
-
-fn drain(r: &mut dyn RecordReader) -> Vec<Result<Sample, Error>> {
-    let mut out = Vec::new();
-    loop {
-        match r.next() {
-            Ok(Some(s)) => out.push(Ok(s)),
-            Ok(None) => return out,
-            Err(e) => out.push(Err(e)),
-        }
-        assert!(out.len() < 1000, "runaway reader");
-    }
 }
 
 fn tensor<T: stoker_core::Element>(v: &Value) -> (DType, Vec<T>) {

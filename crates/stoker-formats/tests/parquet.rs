@@ -1,5 +1,7 @@
 //! Parquet against files pyarrow wrote (tests/fixtures, made by make_parquet_fixtures.py).
 
+mod common;
+
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -45,17 +47,7 @@ fn open(
     f.open(&shard(), Input::Random(file))
 }
 
-fn drain(r: &mut dyn RecordReader) -> Vec<Result<Sample, Error>> {
-    let mut out = Vec::new();
-    loop {
-        match r.next() {
-            Ok(Some(s)) => out.push(Ok(s)),
-            Ok(None) => return out,
-            Err(e) => out.push(Err(e)),
-        }
-        assert!(out.len() < 1000, "runaway reader");
-    }
-}
+use common::drain;
 
 fn read_all(file: Bytes, columns: Option<&[&str]>) -> Vec<Sample> {
     let mut r = open(Arc::new(file), columns).unwrap();

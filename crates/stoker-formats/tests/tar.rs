@@ -2,7 +2,8 @@
 //! `tarfile`, and against what webdataset's reader makes of them
 //! (`tests/fixtures/make_fixtures.py`).
 
-use std::io;
+mod common;
+
 use std::path::PathBuf;
 
 use bytes::Bytes;
@@ -10,7 +11,7 @@ use proptest::prelude::*;
 use serde_json::Value as Json;
 use stoker_core::{Error, ErrorKind, Sample, Value};
 use stoker_formats::tar::{base_plus_ext, Tar};
-use stoker_formats::{ChunkCursor, Format, Input, IterSource, RecordReader, ShardInfo};
+use stoker_formats::{Format, Input, RecordReader, ShardInfo};
 
 fn fixture(name: &str) -> Bytes {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -24,16 +25,7 @@ fn expected() -> Json {
 }
 
 /// `data` as a stream of `chunk`-byte chunks (one chunk for 0).
-fn cursor(data: &Bytes, chunk: usize) -> ChunkCursor {
-    if chunk == 0 {
-        return ChunkCursor::from_bytes(data.clone());
-    }
-    let parts: Vec<io::Result<Bytes>> = (0..data.len())
-        .step_by(chunk)
-        .map(|i| Ok(data.slice(i..(i + chunk).min(data.len()))))
-        .collect();
-    ChunkCursor::new(Box::new(IterSource(parts.into_iter())))
-}
+use common::chunked_bytes as cursor;
 
 fn open(url: &str, data: &Bytes, chunk: usize) -> Box<dyn RecordReader> {
     Tar.open(
@@ -46,15 +38,7 @@ fn open(url: &str, data: &Bytes, chunk: usize) -> Box<dyn RecordReader> {
 /// Every result up to the end (an error is followed by what comes after it).
 fn read_all(url: &str, data: &Bytes, chunk: usize) -> Vec<Result<Sample, Error>> {
     let mut r = open(url, data, chunk);
-    let mut out = Vec::new();
-    loop {
-        match r.next() {
-            Ok(Some(s)) => out.push(Ok(s)),
-            Ok(None) => break,
-            Err(e) => out.push(Err(e)),
-        }
-        assert!(out.len() < 1000, "no end");
-    }
+    let out = common::drain(&mut *r);
     assert_eq!(r.record(), out.len() as u64);
     out
 }

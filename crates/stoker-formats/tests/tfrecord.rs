@@ -1,7 +1,8 @@
 //! The TFRecord reader and writer against files written by `tf.io.TFRecordWriter`, and
 //! against what TensorFlow reads from them (`tests/fixtures/make_fixtures.py`).
 
-use std::io;
+mod common;
+
 use std::path::PathBuf;
 
 use bytes::Bytes;
@@ -9,7 +10,7 @@ use proptest::prelude::*;
 use serde_json::Value as Json;
 use stoker_core::{Error, ErrorKind, Sample, Tensor, Value};
 use stoker_formats::tfrecord::{encode_example, write_record, FeatureValue, TfRecord};
-use stoker_formats::{ChunkCursor, Format, Input, IterSource, RecordReader, ShardInfo};
+use stoker_formats::{Format, Input, RecordReader, ShardInfo};
 
 fn fixture(name: &str) -> Bytes {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -30,16 +31,7 @@ fn unhex(s: &str) -> Vec<u8> {
 }
 
 /// `data` as a stream of `chunk`-byte chunks (one chunk for 0).
-fn cursor(data: &Bytes, chunk: usize) -> ChunkCursor {
-    if chunk == 0 {
-        return ChunkCursor::from_bytes(data.clone());
-    }
-    let parts: Vec<io::Result<Bytes>> = (0..data.len())
-        .step_by(chunk)
-        .map(|i| Ok(data.slice(i..(i + chunk).min(data.len()))))
-        .collect();
-    ChunkCursor::new(Box::new(IterSource(parts.into_iter())))
-}
+use common::chunked_bytes as cursor;
 
 const URL: &str = "s3://b/train-0.tfrecord";
 
@@ -57,15 +49,7 @@ fn open(parse: bool, data: &Bytes, chunk: usize) -> Box<dyn RecordReader> {
 /// Every result up to the end.
 fn read_all(parse: bool, data: &Bytes, chunk: usize) -> Vec<Result<Sample, Error>> {
     let mut r = open(parse, data, chunk);
-    let mut out = Vec::new();
-    loop {
-        match r.next() {
-            Ok(Some(s)) => out.push(Ok(s)),
-            Ok(None) => break,
-            Err(e) => out.push(Err(e)),
-        }
-        assert!(out.len() < 1000, "no end");
-    }
+    let out = common::drain(&mut *r);
     assert_eq!(r.record(), out.len() as u64);
     assert!(r.next().unwrap().is_none());
     out

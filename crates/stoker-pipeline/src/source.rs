@@ -58,6 +58,13 @@ pub(crate) enum Produced {
 }
 
 impl Produced {
+    fn set_seq(&mut self, s: u64) {
+        match self {
+            Produced::Elem(e) => e.seq = s,
+            Produced::Fail { seq, .. } => *seq = s,
+        }
+    }
+
     pub(crate) fn seq(&self) -> u64 {
         match self {
             Produced::Elem(e) => e.seq,
@@ -591,11 +598,22 @@ fn run_shards(
     let sync = |cursor: &mut SourceCursor, slots: &[Slot]| {
         cursor.slots = slots.iter().map(|s| (s.order_index, s.consumed)).collect();
     };
-    let mut emit_one = |cursor: &mut SourceCursor, slots: &[Slot], p: Produced| -> bool {
+    // Emits in order, numbering as it goes; false once the consumer is gone.
+    let mut emit_all = |cursor: &mut SourceCursor,
+                        slots: &[Slot],
+                        items: &mut dyn Iterator<Item = Produced>|
+     -> bool {
         sync(cursor, slots);
-        cursor.emitted += 1;
-        emit(p, cursor)
+        for mut p in items {
+            p.set_seq(cursor.emitted);
+            cursor.emitted += 1;
+            if !emit(p, cursor) {
+                return false;
+            }
+        }
+        true
     };
+    let fail = |(pos, error)| Produced::Fail { seq: 0, pos, error };
     loop {
         if slots.is_empty() {
             break;
@@ -621,17 +639,12 @@ fn run_shards(
                 });
                 if k % world == world - 1 {
                     // A full round: this rank's sample, then any failures met on the way.
-                    let mut own = round.swap_remove(rank as usize);
+                    let own = round.swap_remove(rank as usize);
                     round.clear();
-                    own.seq = cursor.emitted;
-                    if !emit_one(cursor, &slots, Produced::Elem(own)) {
+                    let mut out =
+                        std::iter::once(Produced::Elem(own)).chain(fails.drain(..).map(fail));
+                    if !emit_all(cursor, &slots, &mut out) {
                         return;
-                    }
-                    for (pos, error) in fails.drain(..) {
-                        let seq = cursor.emitted;
-                        if !emit_one(cursor, &slots, Produced::Fail { seq, pos, error }) {
-                            return;
-                        }
                     }
                 }
             }
@@ -642,8 +655,7 @@ fn run_shards(
                 };
                 slots[i].consumed += 1;
                 if world == 1 {
-                    let seq = cursor.emitted;
-                    if !emit_one(cursor, &slots, Produced::Fail { seq, pos, error }) {
+                    if !emit_all(cursor, &slots, &mut std::iter::once(fail((pos, error)))) {
                         return;
                     }
                 } else {
@@ -664,22 +676,13 @@ fn run_shards(
             }
         }
     }
-    sync(cursor, &slots);
     // The last, incomplete round.
-    if !round.is_empty() && policy == RankPolicy::Pad {
+    let own = (!round.is_empty() && policy == RankPolicy::Pad).then(|| {
         let m = round.len();
-        let mut own = round.swap_remove((rank as usize) % m);
-        own.seq = cursor.emitted;
-        if !emit_one(cursor, &slots, Produced::Elem(own)) {
-            return;
-        }
-    }
-    for (pos, error) in fails.drain(..) {
-        let seq = cursor.emitted;
-        if !emit_one(cursor, &slots, Produced::Fail { seq, pos, error }) {
-            return;
-        }
-    }
+        Produced::Elem(round.swap_remove((rank as usize) % m))
+    });
+    let mut out = own.into_iter().chain(fails.drain(..).map(fail));
+    emit_all(cursor, &slots, &mut out);
 }
 
 /// Reads the samples at `positions` again (to rebuild a shuffle buffer or a partial batch
