@@ -395,7 +395,7 @@ pub struct Run {
     store: Option<stoker_store::Store>,
     shards: usize,
     threads: Vec<JoinHandle<()>>,
-    _runtime: Option<tokio::runtime::Runtime>,
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl std::fmt::Debug for Run {
@@ -586,7 +586,7 @@ impl Run {
             store: ds.store.clone(),
             shards: ds.shards.len(),
             threads: handles,
-            _runtime: Some(runtime),
+            runtime: Some(runtime),
         })
     }
 
@@ -705,6 +705,10 @@ impl Drop for Run {
         self.out = empty;
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        // Without waiting for I/O tasks, so that a run may be dropped from async code too.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
         }
     }
 }
