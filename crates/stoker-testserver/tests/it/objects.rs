@@ -260,7 +260,8 @@ async fn many_small_requests_are_fast() {
     let path = Path::from("small");
     s.head(&path).await.unwrap();
     // One keep-alive connection, one request at a time: Nagle's algorithm without
-    // TCP_NODELAY would cost ~40 ms a request here.
+    // TCP_NODELAY would cost ~40 ms a request here, so at least 4 s for 100; without it
+    // they take milliseconds (1.6 s seen on a heavily loaded machine).
     let t = std::time::Instant::now();
     for _ in 0..100 {
         s.get(&path).await.unwrap().bytes().await.unwrap();
@@ -268,7 +269,7 @@ async fn many_small_requests_are_fast() {
     let sequential = t.elapsed();
     eprintln!("100 sequential GETs: {sequential:?}");
     assert!(
-        sequential < std::time::Duration::from_secs(1),
+        sequential < std::time::Duration::from_secs(4),
         "{sequential:?}"
     );
 
