@@ -1,6 +1,8 @@
 //! The `stoker` binary against the real S3 test server: ls, cat, bench --json, and errors.
 
-use assert_cmd::Command;
+mod common;
+
+use common::stoker;
 use stoker_testserver::{ServerOptions, TestServer};
 
 fn server() -> TestServer {
@@ -10,15 +12,6 @@ fn server() -> TestServer {
         .unwrap();
     s.put_object("cli", "big.bin", &vec![7u8; 3 << 20]).unwrap();
     s
-}
-
-fn stoker(s: &TestServer) -> Command {
-    let mut c = Command::cargo_bin("stoker").unwrap();
-    c.env("AWS_ACCESS_KEY_ID", s.access_key())
-        .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
-        .env("AWS_REGION", s.region())
-        .env("AWS_ENDPOINT_URL", s.endpoint());
-    c
 }
 
 #[test]

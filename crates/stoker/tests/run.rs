@@ -4,7 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
+mod common;
+
+use common::stoker;
 use stoker_testserver::{ServerOptions, TestServer};
 
 const BUCKET: &str = "run";
@@ -28,15 +30,6 @@ fn server() -> TestServer {
         }
     }
     s
-}
-
-fn stoker(s: &TestServer) -> Command {
-    let mut c = Command::cargo_bin("stoker").unwrap();
-    c.env("AWS_ACCESS_KEY_ID", s.access_key())
-        .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
-        .env("AWS_REGION", s.region())
-        .env("AWS_ENDPOINT_URL", s.endpoint());
-    c
 }
 
 fn spec(dir: &tempfile::TempDir, text: &str) -> PathBuf {

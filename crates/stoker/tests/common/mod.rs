@@ -1,0 +1,14 @@
+//! What the CLI tests share: the `stoker` binary pointed at a test server.
+
+use assert_cmd::Command;
+use stoker_testserver::TestServer;
+
+/// The `stoker` binary with the server's endpoint and credentials in its environment.
+pub fn stoker(s: &TestServer) -> Command {
+    let mut c = Command::cargo_bin("stoker").unwrap();
+    c.env("AWS_ACCESS_KEY_ID", s.access_key())
+        .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
+        .env("AWS_REGION", s.region())
+        .env("AWS_ENDPOINT_URL", s.endpoint());
+    c
+}
