@@ -752,11 +752,7 @@ def main(argv: list[str] | None = None) -> int:
         # Interrupted mid-rep: unmount what is still mounted, then stop what still runs.
         for mnt in _mounted_under(work):
             storage._unmount(Path(mnt))
-        for pid in list(storage._live_children):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        storage.kill_live_children()
         if server is not None:
             server.stop()
         _safe_rmtree(work)

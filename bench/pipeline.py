@@ -42,7 +42,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -59,7 +58,7 @@ from storage import (  # noqa: E402  (the storage benchmark's server and child-p
     ContenderError,
     HarnessError,
     Server,
-    _live_children,
+    kill_live_children,
     _tail,
     _version,
     check,
@@ -531,11 +530,7 @@ def run_formats(a: argparse.Namespace, python: Path, doc: dict) -> list[dict]:
             add_ratios(group)
             rows += group
         finally:
-            for pid in list(_live_children):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill_live_children()
             if server is not None:
                 server.stop()
             shutil.rmtree(work, ignore_errors=True)

@@ -188,6 +188,15 @@ class ChildResult:
 _live_children: set[int] = set()
 
 
+def kill_live_children() -> None:
+    """SIGKILLs every child still running (a harness interrupted mid-rep)."""
+    for pid in list(_live_children):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def run_child(argv: list[str], env: dict[str, str], timeout: float) -> ChildResult:
     """Runs argv and reaps it with wait4, so its rusage is its own (not the server's)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -906,11 +915,7 @@ def main(argv: list[str] | None = None) -> int:
             mounts = [line.split()[1] for line in f if line.split()[1].startswith(str(work) + "/")]
         for mnt in mounts:
             _unmount(Path(mnt))
-        for pid in list(_live_children):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_live_children()
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
