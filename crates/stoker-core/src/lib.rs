@@ -8,6 +8,8 @@
 //! - The [`MemoryBudget`]: one byte budget for caches, read-ahead and queues, so memory use
 //!   has a hard ceiling and pressure turns into backpressure rather than an OOM kill; and
 //!   [`ByteSize`] (human sizes such as `8MiB` in every option, flag and spec file).
+//! - [`rng`]: counter-based randomness, so every random draw is a pure function of the
+//!   seed and a position, whatever the parallelism.
 //!
 //! ```
 //! use stoker_core::{ByteSize, MemoryBudget};
@@ -21,6 +23,7 @@
 mod budget;
 mod error;
 mod op;
+pub mod rng;
 mod sample;
 mod size;
 mod tensor;

@@ -32,7 +32,7 @@
 mod exec;
 mod ops;
 mod plan;
-pub mod rng;
+pub use stoker_core::rng;
 mod source;
 pub mod spec;
 mod stats;
