@@ -57,6 +57,12 @@ struct ReadReq {
     reply: ReplyData,
 }
 
+/// What a name in a directory turned out to be.
+enum Resolved {
+    Dir,
+    File(ObjectInfo),
+}
+
 /// One entry of an open directory.
 #[derive(Debug)]
 struct DirEnt {
@@ -89,29 +95,52 @@ impl Shared {
         self.store.list_dir(prefix).await
     }
 
-    /// The child `name` of `parent` as its listing shows it: a directory shadows an object
-    /// of the same name.
+    /// What the key `prefix + name` is: a directory (some key lies under
+    /// `prefix + name + "/"`; it shadows an object of the same name, as in a listing), a
+    /// file, or nothing. From the directory's listing when the store holds a fresh one; otherwise
+    /// one HEAD and one single-page LIST sent together, so a lookup costs one round trip
+    /// however many keys the directory has (a directory of 100,000 keys is not listed to
+    /// find one name in it).
+    async fn resolve(&self, prefix: &str, name: &str) -> Result<Option<Resolved>, Error> {
+        let dir_key = format!("{prefix}{name}/");
+        let key = format!("{prefix}{name}");
+        if let Some(listing) = self.store.cached_dir(prefix) {
+            if listing.prefixes.binary_search(&dir_key).is_ok() {
+                return Ok(Some(Resolved::Dir));
+            }
+            return Ok(listing
+                .objects
+                .binary_search_by(|o| o.key.as_str().cmp(key.as_str()))
+                .ok()
+                .map(|i| Resolved::File(listing.objects[i].clone())));
+        }
+        let (dir, head) = tokio::join!(self.store.dir_exists(&dir_key), self.store.head(&key));
+        if dir? {
+            return Ok(Some(Resolved::Dir));
+        }
+        match head {
+            Ok(info) => Ok(Some(Resolved::File(info))),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The child `name` of `parent`: a directory shadows an object of the same name.
     async fn lookup(&self, parent: &Node, name: &str) -> Result<Arc<Node>, Errno> {
         if !valid_name(name) {
             return Err(Errno::ENOENT);
         }
-        let listing = self
-            .listing(parent.dir_prefix())
+        let prefix = parent.dir_prefix();
+        match self
+            .resolve(prefix, name)
             .await
-            .map_err(|e| to_errno(&e, &parent.key))?;
-        let dir_key = format!("{}{name}/", parent.dir_prefix());
-        if listing.prefixes.binary_search(&dir_key).is_ok() {
-            return Ok(self.inodes.child(parent, name, Kind::Dir, None));
-        }
-        let key = format!("{}{name}", parent.dir_prefix());
-        match listing
-            .objects
-            .binary_search_by(|o| o.key.as_str().cmp(key.as_str()))
+            .map_err(|e| to_errno(&e, &format!("{prefix}{name}")))?
         {
-            Ok(i) => Ok(self
-                .inodes
-                .child(parent, name, Kind::File, Some(&listing.objects[i]))),
-            Err(_) => Err(Errno::ENOENT),
+            Some(Resolved::Dir) => Ok(self.inodes.child(parent, name, Kind::Dir, None)),
+            Some(Resolved::File(info)) => {
+                Ok(self.inodes.child(parent, name, Kind::File, Some(&info)))
+            }
+            None => Err(Errno::ENOENT),
         }
     }
 
@@ -123,17 +152,19 @@ impl Shared {
                 return Ok(st.info);
             }
         }
-        let parent = self.inodes.get(node.parent).ok_or(Errno::ENOENT)?;
-        let name = node
-            .key
-            .strip_prefix(parent.dir_prefix())
-            .ok_or(Errno::ENOENT)?;
-        let now = self.lookup(&parent, name).await?;
-        if now.ino != node.ino {
-            return Err(Errno::ENOENT); // it is a directory now
+        let (prefix, name) = node.key.split_at(node.key.rfind('/').map_or(0, |i| i + 1));
+        match self
+            .resolve(prefix, name)
+            .await
+            .map_err(|e| to_errno(&e, &node.key))?
+        {
+            Some(Resolved::File(info)) => {
+                node.set_info(&info);
+                Ok(info)
+            }
+            // Gone, or a directory now (which gets a new inode on the next lookup).
+            _ => Err(Errno::ENOENT),
         }
-        let st = node.file.lock().clone();
-        st.map(|s| s.info).ok_or(Errno::ENOENT)
     }
 
     /// Notes that `node` is being opened. When the files of its directory are being opened
@@ -466,10 +497,19 @@ impl Filesystem for StokerFs {
         let shared = Arc::clone(&self.shared);
         self.rt.spawn(async move {
             match shared.lookup(&parent, &name).await {
-                Ok(node) => reply.entry(&shared.ttl, &shared.attr(&node), Generation(0)),
+                Ok(node) => {
+                    shared.inodes.looked_up(&node);
+                    reply.entry(&shared.ttl, &shared.attr(&node), Generation(0))
+                }
                 Err(e) => reply.error(e),
             }
         });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        if self.shared.inodes.forget(ino.0, nlookup) {
+            self.shared.scans.lock().remove(&ino.0);
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -647,7 +687,13 @@ impl Filesystem for StokerFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.dirs.lock().remove(&fh.0);
+        // Entries the kernel did not look up are dropped (another handle still listing
+        // the same directory then shows their old numbers; a later lookup gives new ones).
+        if let Some(entries) = self.dirs.lock().remove(&fh.0) {
+            for e in entries.iter() {
+                self.shared.inodes.prune(e.ino);
+            }
+        }
         reply.ok();
     }
 

@@ -2,9 +2,11 @@
 //!
 //! S3 has no directories; a directory here is a key prefix ending in `/` (the root is the
 //! mount's prefix). A node is created the first time a listing or lookup shows its name and
-//! lives as long as the mount: keys are cheap (about 200 bytes each, 20 MB for 100,000) and
-//! a stable number per (parent, name, kind) keeps the kernel's caches coherent. A name that
-//! changes kind (an object replaced by a "directory" of the same name) gets a new inode.
+//! keeps its number while the kernel holds references to it (lookups answered minus those
+//! it forgot): a forgotten node is removed, so memory follows what the kernel caches, not
+//! every name ever seen. Nodes made only to number a listing's entries go when the
+//! directory handle closes, unless a lookup took them meanwhile. A name that changes kind
+//! (an object replaced by a "directory" of the same name) gets a new inode.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,12 +45,31 @@ pub(crate) struct Node {
     pub kind: Kind,
     /// Files only.
     pub file: Mutex<Option<FileState>>,
+    /// References the kernel holds (lookups answered minus forgotten).
+    lookups: Mutex<u64>,
 }
 
 impl Node {
     /// The prefix a directory's children share (the key itself for a directory).
     pub fn dir_prefix(&self) -> &str {
         &self.key
+    }
+
+    /// Its name in its parent (`""` for the root).
+    pub fn name(&self) -> &str {
+        let k = self.key.strip_suffix('/').unwrap_or(&self.key);
+        k.rsplit('/').next().unwrap_or(k)
+    }
+
+    /// Records a file's metadata, as of now.
+    pub fn set_info(&self, info: &ObjectInfo) {
+        let mut st = self.file.lock();
+        let opened_version = st.as_ref().and_then(|s| s.opened_version.clone());
+        *st = Some(FileState {
+            info: info.clone(),
+            checked: Instant::now(),
+            opened_version,
+        });
     }
 }
 
@@ -68,6 +89,7 @@ impl Inodes {
             key: root_prefix,
             kind: Kind::Dir,
             file: Mutex::new(None),
+            lookups: Mutex::new(0),
         });
         Inodes {
             nodes: RwLock::new(HashMap::from([(ROOT, root)])),
@@ -123,6 +145,7 @@ impl Inodes {
                         key,
                         kind,
                         file: Mutex::new(None),
+                        lookups: Mutex::new(0),
                     });
                     self.nodes.write().insert(ino, Arc::clone(&node));
                     children.insert(map_key, ino);
@@ -131,14 +154,54 @@ impl Inodes {
             }
         };
         if let (Kind::File, Some(info)) = (kind, info) {
-            let mut st = node.file.lock();
-            let opened_version = st.as_ref().and_then(|s| s.opened_version.clone());
-            *st = Some(FileState {
-                info: info.clone(),
-                checked: Instant::now(),
-                opened_version,
-            });
+            node.set_info(info);
         }
         node
+    }
+
+    /// The kernel now holds one more reference to `node` (a lookup was answered with it).
+    /// A node forgotten meanwhile (a lookup racing the kernel's forget) is put back, so
+    /// the kernel's count and ours always agree.
+    pub fn looked_up(&self, node: &Arc<Node>) {
+        let mut children = self.children.write();
+        let mut nodes = self.nodes.write();
+        *node.lookups.lock() += 1;
+        if node.ino != ROOT && !nodes.contains_key(&node.ino) {
+            nodes.insert(node.ino, Arc::clone(node));
+            children
+                .entry((node.parent, node.name().to_string()))
+                .or_insert(node.ino);
+        }
+    }
+
+    /// The kernel dropped `n` references to `ino`; at none left the node is removed (the
+    /// root stays). A later lookup of the name makes a new node. Returns whether it went.
+    pub fn forget(&self, ino: u64, n: u64) -> bool {
+        if ino == ROOT {
+            return false;
+        }
+        let mut children = self.children.write();
+        let mut nodes = self.nodes.write();
+        let Some(node) = nodes.get(&ino) else {
+            return false;
+        };
+        let mut lookups = node.lookups.lock();
+        *lookups = lookups.saturating_sub(n);
+        if *lookups == 0 {
+            drop(lookups);
+            let node = nodes.remove(&ino).expect("present");
+            let k = (node.parent, node.name().to_string());
+            if children.get(&k) == Some(&ino) {
+                children.remove(&k);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Removes `ino` if the kernel holds no reference to it: nodes made only to number
+    /// the entries of a listing do not outlive the directory handle that listed them.
+    pub fn prune(&self, ino: u64) -> bool {
+        self.forget(ino, 0)
     }
 }

@@ -178,6 +178,29 @@ impl Store {
             .boxed()
     }
 
+    /// The listing of the directory `prefix` if [`Store::list_dir`] fetched it less than
+    /// the metadata TTL ago; never sends a request.
+    pub fn cached_dir(&self, prefix: &str) -> Option<Arc<Listing>> {
+        let dir = dir_prefix(prefix);
+        let dirs = self.inner.meta.dirs.lock();
+        let (l, at) = dirs.get(&dir)?;
+        (at.elapsed() < self.inner.opts.metadata_ttl).then(|| l.clone())
+    }
+
+    /// Whether any object lies under the directory `prefix` (`a/b` and `a/b/` both mean
+    /// under `a/b/`): one LIST request for the first page, whatever the directory's size.
+    pub async fn dir_exists(&self, prefix: &str) -> Result<bool> {
+        if let Some(l) = self.cached_dir(prefix) {
+            return Ok(!l.objects.is_empty() || !l.prefixes.is_empty());
+        }
+        let mut first = self.list(prefix, &ListOptions::default());
+        match first.next().await {
+            Some(Ok(_)) => Ok(true),
+            Some(Err(e)) => Err(e),
+            None => Ok(false),
+        }
+    }
+
     /// One level under `prefix`: its objects and sub-prefixes (S3 "directories" from a
     /// delimiter listing), cached for the metadata TTL.
     pub async fn list_dir(&self, prefix: &str) -> Result<Arc<Listing>> {

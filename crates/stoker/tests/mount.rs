@@ -495,14 +495,20 @@ fn claim_disk_cache_reused_by_a_later_mount() {
         assert_eq!(std::fs::read(m.path().join("data/big.bin")).unwrap(), want);
         assert!(m.stop().success());
     }
-    // A second mount of the same bucket reads from the disk cache: no GETs of the data.
-    let before = s.requests();
+    // A second mount of the same bucket reads from the disk cache: every GET of the
+    // object fails from now on (lookups and listings still work).
+    s.faults().add(
+        FaultRule::new(Fault::internal_error())
+            .method("GET")
+            .path_contains("/mnt/data/big.bin")
+            .forever(),
+    );
     let m = Mounted::start(&s, "s3://mnt/", &args);
     assert_eq!(std::fs::read(m.path().join("data/big.bin")).unwrap(), want);
-    let requests = s.requests() - before;
-    assert!(
-        requests <= 3,
-        "second mount sent {requests} requests (listings only expected)"
+    assert_eq!(
+        s.faults().hits(),
+        0,
+        "the second mount fetched the object's data"
     );
 }
 
@@ -789,6 +795,115 @@ fn claim_random_reads_warm_a_file_that_fits() {
         read_at((i * 7919 * 613) % (src.len() - 4096));
     }
     s.faults().clear();
+}
+
+/// `stat -f`'s count of inodes: the mount reports how many it holds.
+fn inodes_held(p: &Path) -> u64 {
+    tool(
+        "stat",
+        &["-f".as_ref(), "-c".as_ref(), "%c".as_ref(), p.as_os_str()],
+    )
+    .trim()
+    .parse()
+    .unwrap()
+}
+
+#[test]
+fn claim_lookup_is_one_round_trip() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    // 10,000 keys in one directory: listing it takes 10 LIST pages.
+    let dir = s.root().join(BUCKET).join("huge");
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    for i in 0..10_000 {
+        std::fs::write(dir.join(format!("k{i:05}")), format!("{i}")).unwrap();
+    }
+    // A name that is both an object and a "directory": the directory wins.
+    std::fs::write(dir.join("sub/inner"), b"x").unwrap();
+    std::fs::write(s.root().join(BUCKET).join("huge-sub-twin"), b"y").unwrap();
+    let m = Mounted::start(&s, "s3://mnt/", &[]);
+    let before = settle(&s);
+    let meta = std::fs::metadata(m.path().join("huge/k04321")).unwrap();
+    assert!(meta.is_file());
+    assert_eq!(meta.len(), "4321".len() as u64);
+    // `huge` then `k04321`: a HEAD and a one-page LIST each, sent together.
+    let used = settle(&s) - before;
+    assert!(
+        used <= 4,
+        "{used} requests to look up one name (10 LIST pages would be 11+)"
+    );
+    let before = settle(&s);
+    let missing = std::fs::metadata(m.path().join("huge/nope"));
+    assert_eq!(missing.unwrap_err().kind(), std::io::ErrorKind::NotFound);
+    assert!(std::fs::metadata(m.path().join("huge/sub"))
+        .unwrap()
+        .is_dir());
+    assert!(settle(&s) - before <= 4);
+    // Once listed, the directory answers lookups from its listing.
+    assert_eq!(
+        std::fs::read_dir(m.path().join("huge")).unwrap().count(),
+        10_001
+    );
+    let before = settle(&s);
+    for i in (0..10_000).step_by(997) {
+        assert!(std::fs::metadata(m.path().join(format!("huge/k{i:05}"))).is_ok());
+    }
+    assert_eq!(
+        settle(&s) - before,
+        0,
+        "lookups after a listing send nothing"
+    );
+}
+
+#[test]
+fn claim_forgotten_inodes_are_dropped() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let dir = s.root().join(BUCKET).join("many-names");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..500 {
+        std::fs::write(dir.join(format!("f{i:03}")), b"z").unwrap();
+    }
+    let m = Mounted::start(&s, "s3://mnt/", &[]);
+    let base = inodes_held(m.path());
+    // Listing alone keeps nothing once the directory is closed.
+    assert_eq!(
+        std::fs::read_dir(m.path().join("many-names"))
+            .unwrap()
+            .count(),
+        500
+    );
+    assert!(
+        inodes_held(m.path()) <= base + 1,
+        "listing left inodes behind"
+    );
+    // Names looked up stay while the kernel caches them...
+    for i in 0..500 {
+        assert!(std::fs::metadata(dir_path(&m, i)).unwrap().is_file());
+    }
+    assert!(inodes_held(m.path()) >= base + 500);
+    // ...and go when it forgets them.
+    std::fs::write("/proc/sys/vm/drop_caches", "2")
+        .expect("this test drops the kernel's dentry cache and must run as root, as CI does");
+    let end = Instant::now() + Duration::from_secs(10);
+    while inodes_held(m.path()) > base + 1 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        inodes_held(m.path()) <= base + 1,
+        "{} inodes held after the kernel forgot them (base {base})",
+        inodes_held(m.path())
+    );
+    // A forgotten name is looked up anew and reads as before.
+    assert_eq!(std::fs::read(dir_path(&m, 7)).unwrap(), b"z");
+}
+
+fn dir_path(m: &Mounted, i: usize) -> PathBuf {
+    m.path().join(format!("many-names/f{i:03}"))
 }
 
 #[test]
