@@ -85,7 +85,12 @@ pub(crate) struct Shared {
     dir_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Per directory inode: the order its files are opened in.
     scans: Mutex<HashMap<u64, DirScan>>,
+    /// Per directory prefix: lookups answered without a listing since the last one.
+    probes: Mutex<HashMap<String, u32>>,
 }
+
+/// Lookups without a listing in one directory before it is listed in the background.
+const PROBES_BEFORE_LISTING: u32 = 8;
 
 impl Shared {
     /// The directory `prefix`'s listing (the store caches it for the metadata TTL).
@@ -114,6 +119,7 @@ impl Shared {
                 .ok()
                 .map(|i| Resolved::File(listing.objects[i].clone())));
         }
+        self.probed(prefix);
         let (dir, head) = tokio::join!(self.store.dir_exists(&dir_key), self.store.head(&key));
         if dir? {
             return Ok(Some(Resolved::Dir));
@@ -122,6 +128,28 @@ impl Shared {
             Ok(info) => Ok(Some(Resolved::File(info))),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Counts a lookup that had no listing to go by; after [`PROBES_BEFORE_LISTING`] of them
+    /// in one directory, lists it in the background, so a walk over many of its names
+    /// (`stat` of every file after the listing expired) soon costs nothing per name.
+    fn probed(&self, prefix: &str) {
+        let list = {
+            let mut probes = self.probes.lock();
+            let n = probes.entry(prefix.to_string()).or_default();
+            *n += 1;
+            *n >= PROBES_BEFORE_LISTING && probes.remove(prefix).is_some()
+        };
+        if list {
+            let lock = Arc::clone(self.dir_locks.lock().entry(prefix.to_string()).or_default());
+            let (store, prefix) = (self.store.clone(), prefix.to_string());
+            tokio::spawn(async move {
+                let _one = lock.lock().await;
+                if let Err(e) = store.list_dir(&prefix).await {
+                    tracing::debug!(prefix, error = %e, "background listing failed");
+                }
+            });
         }
     }
 
@@ -373,6 +401,7 @@ impl StokerFs {
             gid,
             mounted_at: SystemTime::now(),
             dir_locks: Mutex::default(),
+            probes: Mutex::default(),
             scans: Mutex::default(),
         });
         let fs = StokerFs {
