@@ -15,6 +15,9 @@ pub struct ShardInfo {
     pub url: String,
     /// Its size in bytes, when known.
     pub size: Option<u64>,
+    /// Its version (ETag, version id or modification time), when known: what tells a
+    /// cached copy of it from a changed object.
+    pub version: Option<String>,
 }
 
 impl ShardInfo {
@@ -24,6 +27,7 @@ impl ShardInfo {
             key: key.into(),
             url: url.into(),
             size: None,
+            version: None,
         }
     }
 }

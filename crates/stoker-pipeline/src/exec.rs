@@ -452,7 +452,10 @@ impl Run {
             p.options.memory_limit,
         )?;
         if p.cache {
-            ds.cache = Some(crate::source::SampleCache::new(budget.clone()));
+            ds.cache = Some(match &p.cache_dir {
+                Some(dir) => crate::source::SampleCache::on_disk(budget.clone(), dir, &ds)?,
+                None => crate::source::SampleCache::new(budget.clone()),
+            });
         }
         let ds = Arc::new(ds);
         let ph = optimize(&p.ops);
@@ -487,7 +490,11 @@ impl Run {
         let mut names = vec![format!(
             "source({}{})",
             ds.format.name(),
-            if p.cache { ", cached" } else { "" }
+            match (&p.cache, &p.cache_dir) {
+                (true, Some(d)) => format!(", cached on disk in {}", d.display()),
+                (true, None) => ", cached".to_string(),
+                _ => String::new(),
+            }
         )];
         if !ph.producer.is_empty() {
             names.push(producer_name(&ph.producer));

@@ -33,6 +33,7 @@ mod exec;
 mod ops;
 mod plan;
 pub use stoker_core::rng;
+mod diskcache;
 mod source;
 pub mod spec;
 mod stats;

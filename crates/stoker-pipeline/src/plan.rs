@@ -188,6 +188,7 @@ pub struct Pipeline {
     pub(crate) shuffle_shards: bool,
     pub(crate) cycle: usize,
     pub(crate) cache: bool,
+    pub(crate) cache_dir: Option<std::path::PathBuf>,
     pub(crate) rank: Option<RankSplit>,
     pub(crate) ops: Vec<Op>,
     pub(crate) epochs: Option<u64>,
@@ -203,6 +204,7 @@ impl Pipeline {
             format,
             shuffle_shards: false,
             cache: false,
+            cache_dir: None,
             cycle: 1,
             rank: None,
             ops: Vec::new(),
@@ -317,6 +319,17 @@ impl Pipeline {
     /// on local disk by the store's disk cache (store option `cache_dir`).
     pub fn cache(mut self) -> Self {
         self.cache = true;
+        self
+    }
+
+    /// Like [`Pipeline::cache`], but keeps the parsed records in files under `dir`, one per
+    /// shard, instead of memory: not bounded by the memory budget, and reused by later runs
+    /// and other processes reading the same objects with the same format (a changed object
+    /// is read anew: files are named by the object's version). A shard is written when
+    /// read whole without errors; later epochs read it back without fetching or parsing.
+    pub fn cache_on_disk(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.cache = true;
+        self.cache_dir = Some(dir.into());
         self
     }
 

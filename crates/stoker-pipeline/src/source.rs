@@ -104,10 +104,15 @@ pub(crate) struct Dataset {
 /// the memory budget: a shard is kept only when it was read whole without errors and its
 /// samples fit in the budget; otherwise it is read again next epoch. The records are the
 /// same either way, so a partial cache changes speed, never results.
+///
+/// With a directory (`Pipeline::cache_on_disk`), shards go to files there instead (see
+/// [`crate::diskcache`]): not bounded by memory, reused by later runs and by other
+/// processes over the same objects, and read back without parsing.
 pub(crate) struct SampleCache {
     shards: parking_lot::Mutex<std::collections::HashMap<u32, Arc<Vec<Sample>>>>,
     holds: parking_lot::Mutex<Vec<stoker_core::Reservation>>,
     budget: stoker_core::MemoryBudget,
+    disk: Option<(crate::diskcache::DiskTier, Arc<Vec<ShardInfo>>, String)>,
     pub hits: std::sync::atomic::AtomicU64,
 }
 
@@ -117,12 +122,45 @@ impl SampleCache {
             shards: Default::default(),
             holds: Default::default(),
             budget,
+            disk: None,
             hits: Default::default(),
         }
     }
 
+    /// A cache in files under `dir` for the shards of `ds`.
+    pub(crate) fn on_disk(
+        budget: stoker_core::MemoryBudget,
+        dir: &std::path::Path,
+        ds: &Dataset,
+    ) -> Result<SampleCache, Error> {
+        let mut c = SampleCache::new(budget);
+        c.disk = Some((
+            crate::diskcache::DiskTier::new(dir)?,
+            ds.shards.clone(),
+            format!("{:?}", ds.format),
+        ));
+        Ok(c)
+    }
+
+    /// What identifies shard `id`'s parsed records: the format with its options, and the
+    /// object's URL, size and version.
+    fn identity(shards: &[ShardInfo], format: &str, id: u32) -> String {
+        let s = &shards[id as usize];
+        format!(
+            "{format}\n{}\n{:?}\n{:?}",
+            s.url,
+            s.size,
+            s.version.as_deref()
+        )
+    }
+
     fn get(&self, id: u32) -> Option<Arc<Vec<Sample>>> {
-        let r = self.shards.lock().get(&id).cloned();
+        let r = match &self.disk {
+            None => self.shards.lock().get(&id).cloned(),
+            Some((tier, shards, format)) => {
+                tier.get(&Self::identity(shards, format, id)).map(Arc::new)
+            }
+        };
         if r.is_some() {
             self.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -130,10 +168,21 @@ impl SampleCache {
     }
 
     fn contains(&self, id: u32) -> bool {
-        self.shards.lock().contains_key(&id)
+        match &self.disk {
+            None => self.shards.lock().contains_key(&id),
+            Some((tier, shards, format)) => tier.contains(&Self::identity(shards, format, id)),
+        }
     }
 
     fn insert(&self, id: u32, samples: Vec<Sample>) {
+        if let Some((tier, shards, format)) = &self.disk {
+            let identity = Self::identity(shards, format, id);
+            if let Err(e) = tier.put(&identity, &samples) {
+                // The cache only saves work: a shard it cannot keep is read again.
+                tracing::warn!(shard = shards[id as usize].url, error = %e, "cannot write the disk cache");
+            }
+            return;
+        }
         let bytes: u64 = samples.iter().map(|s| s.size_bytes() as u64 + 64).sum();
         // Keep at most half the budget for the cache: the rest is for the pipeline itself.
         if self.budget.used() + bytes > self.budget.limit() / 2 {
@@ -222,6 +271,7 @@ impl Dataset {
                         key: o.key.clone(),
                         url: store.object_url(&o.key),
                         size: Some(o.size),
+                        version: Some(o.version_tag()),
                     })
                     .collect();
                 (Some(store), shards, None, prefix)

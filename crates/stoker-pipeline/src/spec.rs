@@ -190,8 +190,12 @@ pub enum OpSpec {
         /// n.
         n: u64,
     },
-    /// Keep parsed records in memory across epochs.
-    Cache,
+    /// Keep parsed records across epochs: in memory, or in files under `dir`.
+    Cache {
+        /// A local directory for a disk cache (default: memory).
+        #[serde(default)]
+        dir: Option<String>,
+    },
     /// Items kept ready ahead.
     Prefetch {
         /// How many.
@@ -322,7 +326,8 @@ impl PipelineSpec {
                 OpSpec::Take { n } => p.take(*n),
                 OpSpec::Skip { n } => p.skip(*n),
                 OpSpec::Prefetch { n } => p.prefetch(*n),
-                OpSpec::Cache => p.cache(),
+                OpSpec::Cache { dir: None } => p.cache(),
+                OpSpec::Cache { dir: Some(d) } => p.cache_on_disk(d),
                 OpSpec::Builtin(b) => {
                     b.validate()?;
                     p.map(b.clone())

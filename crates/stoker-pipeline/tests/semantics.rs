@@ -304,6 +304,82 @@ fn the_optimizer_fuses_maps_and_moves_them_past_a_shuffle() {
 }
 
 #[test]
+fn a_disk_cache_changes_speed_not_results_and_serves_later_runs() {
+    for (name, p) in [("shards", shards().interleave(2)), ("files", files())] {
+        let dir = tempfile::tempdir().unwrap();
+        let p = p
+            .shuffle_shards(true)
+            .map(Builtin::RandomInt {
+                to: "r".into(),
+                below: 1_000_000,
+            })
+            .shuffle(10)
+            .seed(4);
+        let plain: Vec<Item> = p
+            .clone()
+            .epochs(Some(3))
+            .run()
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let cached_p = p.clone().epochs(Some(3)).cache_on_disk(dir.path());
+        let mut run = cached_p.run().unwrap();
+        let cached: Vec<Item> = run.by_ref().map(Result::unwrap).collect();
+        assert_eq!(plain, cached, "{name}");
+        let gets_cached = run.stats().storage.unwrap().get_requests;
+        let mut one = p.clone().epochs(Some(1)).run().unwrap();
+        one.by_ref().for_each(drop);
+        let gets_one_epoch = one.stats().storage.unwrap().get_requests;
+        assert_eq!(
+            gets_cached, gets_one_epoch,
+            "{name}: epochs 2 and 3 came from disk"
+        );
+        assert!(std::fs::read_dir(dir.path()).unwrap().count() > 0);
+        // A later run over the same objects reads nothing from storage.
+        let mut later = cached_p.run().unwrap();
+        let again: Vec<Item> = later.by_ref().map(Result::unwrap).collect();
+        assert_eq!(again, plain, "{name}: later run");
+        assert_eq!(later.stats().storage.unwrap().get_requests, 0, "{name}");
+    }
+}
+
+#[test]
+fn a_disk_cache_never_serves_a_changed_object() {
+    let s = stoker_testserver::TestServer::start_blocking(
+        stoker_testserver::ServerOptions::new().bucket("dcache"),
+    )
+    .unwrap();
+    s.put_object("dcache", "t/a.txt", b"a0\na1\n").unwrap();
+    s.put_object("dcache", "t/b.txt", b"b0\n").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = stoker_pipeline::Pipeline::from_url(
+        "s3://dcache/t/",
+        stoker_store::StoreOptions::default()
+            .with_endpoint(s.endpoint())
+            .with_credentials(s.access_key(), s.secret_key())
+            .with_region(s.region()),
+        stoker_pipeline::FormatChoice::Fixed(std::sync::Arc::new(Lines)),
+    )
+    .cache_on_disk(dir.path());
+    let texts = |p: &stoker_pipeline::Pipeline| -> (Vec<String>, u64) {
+        let mut run = p.run().unwrap();
+        let t = run
+            .by_ref()
+            .map(|i| {
+                let s = i.unwrap().into_sample().unwrap();
+                String::from_utf8(s.get("txt").unwrap().as_bytes().unwrap().to_vec()).unwrap()
+            })
+            .collect();
+        (t, run.stats().storage.unwrap().get_requests)
+    };
+    assert_eq!(texts(&p), (vec!["a0".into(), "a1".into(), "b0".into()], 2));
+    assert_eq!(texts(&p).1, 0);
+    // Same size, new content: the cached copy of the old version is not used.
+    s.put_object("dcache", "t/a.txt", b"A0\nA1\n").unwrap();
+    assert_eq!(texts(&p), (vec!["A0".into(), "A1".into(), "b0".into()], 1));
+}
+
+#[test]
 fn a_cache_changes_speed_not_results() {
     for (name, p) in [("shards", shards().interleave(2)), ("files", files())] {
         let p = p
