@@ -2,8 +2,8 @@
 //! without parsing the format again.
 //!
 //! A file holds a shard's samples in a small tagged encoding of [`Value`]s (below); reading
-//! it back takes one read of the file, and bytes, text and tensors become zero-copy slices
-//! of that one buffer. A file is written whole to a temporary name and renamed into place,
+//! it back maps the file, and bytes and tensors become zero-copy slices of the mapping
+//! (page cache the kernel can reclaim, not heap). A file is written whole to a temporary name and renamed into place,
 //! so a reader (another epoch, another run, another process) sees a complete file or none.
 //! Its name is a hash of what decides its contents: the format (with its options), the
 //! object's URL, size and version (ETag, version id or modification time); a changed object
@@ -83,7 +83,12 @@ impl DiskTier {
     /// The samples stored for `identity`, if a whole, valid file is there.
     pub(crate) fn get(&self, identity: &str) -> Option<Vec<Sample>> {
         let path = self.path(identity);
-        let data = Bytes::from(std::fs::read(&path).ok()?);
+        let file = std::fs::File::open(&path).ok()?;
+        // SAFETY: cache files are never changed in place: they are written under another
+        // name and renamed over (or removed), which leaves an existing mapping intact. The
+        // pages are the file's own (page cache, reclaimable), not the process's heap.
+        let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+        let data = Bytes::from_owner(map);
         match decode(&data) {
             Ok(s) => Some(s),
             Err(e) => {
