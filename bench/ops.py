@@ -1,0 +1,395 @@
+#!/usr/bin/env python3
+"""Operators benchmark: image pipelines in Stoker against torchvision in PyTorch's
+DataLoader and against tf.data, on the same JPEG files in the same run; plus the limit,
+libjpeg-turbo's own decode rate (through PIL) on all cores.
+
+One command (after `bash bench/setup.sh`, which installs torch, torchvision, Pillow and
+tensorflow-cpu into .venv-bench):
+
+    python3 bench/ops.py [--reps 3] [--images 2000] [--only stoker,torch-2w,...]
+                         [--pipelines imagenet,simclr] [--out bench/results/ops.json]
+
+Data: N ImageNet-like JPEGs (about 440x430 px, 110 KB, quality 90, written by Pillow with
+crates/stoker-ops/examples/make_jpegs.py), in 10 class directories (ImageFolder layout),
+under /tmp/stoker-bench-data/ops, read from local disk (the page cache holds them: every
+contender reads the same warm files; this benchmark is about the CPU work).
+
+Pipelines:
+  imagenet  decode, RandomResizedCrop(224) (scale 0.08-1, ratio 3/4-4/3), horizontal flip
+            p=0.5, to float32 CHW, normalize with ImageNet's mean/std; batches of 64
+  simclr    the same plus ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8, grayscale p=0.2,
+            GaussianBlur(23, sigma 0.1-2)
+
+Contenders:
+  stoker     `stoker run` of the pipeline's spec (format imagefolder, threads = cores)
+  torch-2w   torchvision.datasets.ImageFolder + transforms in a DataLoader, 2 workers
+  torch-3w   the same with 3 workers (the best setting found on 2 cores)
+  tfdata     tf.data (imagenet only): decode_and_crop_jpeg at a sampled box, resize,
+             flip, normalize, AUTOTUNE
+  limit-full the limit: PIL decode of every file to RGB, one process per core
+  limit-dct  the same with PIL's DCT scaling to the smallest scale covering 224x224
+
+Each rep runs every contender once (order rotated by one each rep); the table shows
+medians of images/s, CPU seconds per image (all processes), peak RSS and PSS summed over
+the process tree (sampled every 50 ms), and time to the first batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from storage import ContenderError, _tail, git_commit, kill_live_children  # noqa: E402
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+READERS = BENCH_DIR / "ops_readers.py"
+MAKE_JPEGS = REPO / "crates/stoker-ops/examples/make_jpegs.py"
+CLASSES = 10
+
+
+def log(msg: str) -> None:
+    print(f"[ops {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- data
+
+
+def prepare_data(n: int, python: Path) -> Path:
+    base = Path("/tmp/stoker-bench-data/ops")
+    flat = base / f"flat-{n}"
+    tree = base / f"imagefolder-{n}"
+    if not (base / f"imagefolder-{n}.ok").exists():
+        log(f"generating {n} JPEGs into {flat}")
+        subprocess.run([str(python), str(MAKE_JPEGS), str(flat), str(n)], check=True)
+        names = sorted(p.name for p in flat.iterdir() if p.suffix == ".jpg")
+        for i, name in enumerate(names):
+            d = tree / f"class{i % CLASSES:02d}"
+            d.mkdir(parents=True, exist_ok=True)
+            target = d / name
+            if not target.exists():
+                os.link(flat / name, target)
+        (base / f"imagefolder-{n}.ok").write_text("ok\n")
+    return tree
+
+
+# ---------------------------------------------------------------- memory of a process tree
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for t in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def _tree(pid: int) -> list[int]:
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo += _children(p)
+    return seen
+
+
+def _mem(pid: int) -> tuple[int, int]:
+    rss = pss = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Rss:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("Pss:"):
+                    pss = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return rss, pss
+
+
+@dataclass
+class Run:
+    returncode: int
+    wall_s: float
+    cpu_s: float
+    peak_rss: int
+    peak_pss: int
+    stdout: str
+    stderr: str
+
+
+def run_tree(argv: list[str], env: dict[str, str], timeout: float) -> Run:
+    """Runs argv; CPU from wait4 (the process and every descendant it waited for),
+    memory as the peak over time of the summed RSS and PSS of the whole process tree."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
+        peak = [0, 0]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                rss = pss = 0
+                for p in _tree(proc.pid):
+                    r, s = _mem(p)
+                    rss, pss = rss + r, pss + s
+                peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+                done.wait(0.05)
+
+        th = threading.Thread(target=sample, daemon=True)
+        th.start()
+        box: dict = {}
+
+        def reap() -> None:
+            box["r"] = os.wait4(proc.pid, 0)
+            box["t"] = time.perf_counter()
+
+        w = threading.Thread(target=reap, daemon=True)
+        w.start()
+        w.join(timeout)
+        if w.is_alive():
+            proc.kill()
+            w.join()
+        done.set()
+        th.join()
+        _pid, status, ru = box["r"]
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return Run(proc.returncode, box["t"] - t0, ru.ru_utime + ru.ru_stime, peak[0], peak[1],
+                   out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+
+
+def last_json(text: str) -> dict:
+    for line in reversed(text.strip().splitlines()):
+        if line.strip().startswith("{"):
+            return json.loads(line)
+    raise ContenderError(f"no JSON result: {_tail(text, 500)!r}")
+
+
+# ---------------------------------------------------------------- contenders
+
+
+@dataclass
+class Ctx:
+    args: argparse.Namespace
+    data: Path
+    stoker: Path
+    python: Path
+    work: Path
+    env: dict = field(default_factory=dict)
+
+
+@dataclass
+class Rep:
+    seconds: float
+    images: int
+    cpu_s: float
+    peak_rss: int
+    peak_pss: int
+    first_batch_s: float | None
+
+
+SIMCLR_OPS = """
+[[ops]]
+op = "color_jitter"
+field = "jpg"
+brightness = 0.4
+contrast = 0.4
+saturation = 0.4
+hue = 0.1
+p = 0.8
+[[ops]]
+op = "random_grayscale"
+field = "jpg"
+p = 0.2
+[[ops]]
+op = "gaussian_blur"
+field = "jpg"
+kernel_size = 23
+sigma = [0.1, 2.0]
+"""
+
+
+def stoker_spec(ctx: Ctx, pipeline: str) -> Path:
+    extra = SIMCLR_OPS if pipeline == "simclr" else ""
+    spec = f"""
+source = "file://{ctx.data}/"
+format = "imagefolder"
+seed = 1
+
+[[ops]]
+op = "decode_image"
+field = "jpg"
+[[ops]]
+op = "random_resized_crop"
+field = "jpg"
+size = [224, 224]
+[[ops]]
+op = "random_flip"
+field = "jpg"
+{extra}
+[[ops]]
+op = "to_tensor"
+field = "jpg"
+normalize = "imagenet"
+[[ops]]
+op = "batch"
+size = 64
+
+[options]
+threads = {os.cpu_count()}
+"""
+    p = ctx.work / f"ops-{pipeline}.toml"
+    p.write_text(spec)
+    return p
+
+
+def c_stoker(ctx: Ctx, pipeline: str) -> Rep:
+    r = run_tree([str(ctx.stoker), "run", str(stoker_spec(ctx, pipeline)), "--json"], ctx.env,
+                 ctx.args.timeout)
+    if r.returncode != 0:
+        raise ContenderError(f"stoker run exited {r.returncode}: {_tail(r.stderr)}")
+    res = last_json(r.stdout)
+    return Rep(float(res["seconds"]), int(res["samples"]), r.cpu_s, r.peak_rss, r.peak_pss,
+               res.get("first_item_s"))
+
+
+def _py(ctx: Ctx, args: list[str]) -> Rep:
+    r = run_tree([str(ctx.python), str(READERS), *args], ctx.env, ctx.args.timeout)
+    if r.returncode != 0:
+        raise ContenderError(f"{args[0]} exited {r.returncode}: {_tail(r.stderr)}")
+    res = last_json(r.stdout)
+    return Rep(float(res["seconds"]), int(res["images"]), r.cpu_s, r.peak_rss, r.peak_pss,
+               res.get("first_batch_s"))
+
+
+CONTENDERS = {
+    "stoker": lambda ctx, p: c_stoker(ctx, p),
+    "torch-2w": lambda ctx, p: _py(ctx, ["torch", "--dir", str(ctx.data), "--workers", "2", "--pipeline", p]),
+    "torch-3w": lambda ctx, p: _py(ctx, ["torch", "--dir", str(ctx.data), "--workers", "3", "--pipeline", p]),
+    "tfdata": lambda ctx, p: _py(ctx, ["tfdata", "--dir", str(ctx.data), "--pipeline", p]),
+    "limit-full": lambda ctx, p: _py(ctx, ["decode", "--dir", str(ctx.data), "--procs", str(os.cpu_count())]),
+    "limit-dct": lambda ctx, p: _py(ctx, ["decode", "--dir", str(ctx.data), "--procs", str(os.cpu_count()),
+                                          "--draft", "224"]),
+}
+ONLY_IMAGENET = {"tfdata", "limit-full", "limit-dct"}
+
+
+def summarize(pipeline: str, name: str, reps: list[Rep], error: str | None) -> dict:
+    row = {"pipeline": pipeline, "contender": name, "error": error, "reps": [r.__dict__ for r in reps]}
+    if reps:
+        med = statistics.median
+        row.update(
+            images=reps[0].images,
+            seconds=med(r.seconds for r in reps),
+            images_per_s=med(r.images / r.seconds for r in reps),
+            cpu_ms_per_image=med(1000 * r.cpu_s / r.images for r in reps),
+            peak_rss_mib=med(r.peak_rss for r in reps) / 2**20,
+            peak_pss_mib=med(r.peak_pss for r in reps) / 2**20,
+            first_batch_s=med(r.first_batch_s for r in reps) if all(r.first_batch_s is not None for r in reps) else None,
+        )
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'pipeline':9} {'contender':11} {'images/s':>9} {'CPU ms/img':>10} {'RSS MiB':>8} {'PSS MiB':>8} {'1st batch s':>11}  stoker/peer"
+    lines = [head, "-" * len(head)]
+    by = {(r["pipeline"], r["contender"]): r for r in rows}
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"{r['pipeline']:9} {r['contender']:11} error: {r['error'][:90]}")
+            continue
+        s = by.get((r["pipeline"], "stoker"))
+        ratio = ""
+        if s and not s.get("error") and r["contender"] != "stoker":
+            ratio = f"{s['images_per_s'] / r['images_per_s']:.2f}x"
+        fb = "-" if r["first_batch_s"] is None else f"{r['first_batch_s']:.2f}"
+        lines.append(f"{r['pipeline']:9} {r['contender']:11} {r['images_per_s']:9.0f} {r['cpu_ms_per_image']:10.2f} "
+                     f"{r['peak_rss_mib']:8.0f} {r['peak_pss_mib']:8.0f} {fb:>11}  {ratio}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--only", default=",".join(CONTENDERS))
+    p.add_argument("--pipelines", default="imagenet,simclr")
+    p.add_argument("--stoker", type=Path, default=REPO / "target/release/stoker")
+    p.add_argument("--python", type=Path, default=REPO / ".venv-bench/bin/python")
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--out", type=Path, default=REPO / "bench/results/ops.json")
+    a = p.parse_args(argv)
+    for path, what in ((a.stoker, "stoker (cargo build --release -p stoker)"), (a.python, "the venv (bash bench/setup.sh)")):
+        if not path.exists():
+            log(f"missing {path}: build/install {what}")
+            return 2
+    data = prepare_data(a.images, a.python)
+    work = Path("/tmp/stoker-bench-ops")
+    work.mkdir(exist_ok=True)
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    ctx = Ctx(a, data, a.stoker, a.python, work, env)
+    names = [n for n in a.only.split(",") if n]
+    rows = []
+    try:
+        for pipeline in a.pipelines.split(","):
+            todo = [n for n in names if pipeline == "imagenet" or n not in ONLY_IMAGENET]
+            reps: dict[str, list[Rep]] = {n: [] for n in todo}
+            errors: dict[str, str] = {}
+            # One untimed pass warms the page cache and the Python imports.
+            for n in todo[:1]:
+                try:
+                    CONTENDERS[n](ctx, pipeline)
+                except ContenderError:
+                    pass
+            for rep in range(a.reps):
+                order = todo[rep % len(todo):] + todo[:rep % len(todo)]
+                for n in order:
+                    if n in errors:
+                        continue
+                    try:
+                        r = CONTENDERS[n](ctx, pipeline)
+                        if r.images != a.images:
+                            raise ContenderError(f"{r.images} images, expected {a.images}")
+                        reps[n].append(r)
+                        log(f"{pipeline} {n} rep {rep + 1}: {r.images / r.seconds:.0f} images/s, "
+                            f"{1000 * r.cpu_s / r.images:.2f} ms CPU/image")
+                    except ContenderError as e:
+                        errors[n] = str(e)
+                        log(f"{pipeline} {n}: {e}")
+            rows += [summarize(pipeline, n, reps[n], errors.get(n)) for n in todo]
+    finally:
+        kill_live_children()
+    print(table(rows))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps({
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "args": {k: str(v) for k, v in vars(a).items()},
+        "rows": rows,
+    }, indent=1))
+    log(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""The Python peers of bench/ops.py, one per subcommand, each printing one JSON line:
+{"images": N, "seconds": S, "first_batch_s": F}. Run in the venv of bench/setup.sh.
+
+  torch   --dir D --workers N --batch B --pipeline imagenet|simclr
+          torchvision.datasets.ImageFolder + the pipeline's transforms in a DataLoader
+  tfdata  --dir D --batch B --pipeline imagenet
+          tf.data: list files, read, decode_and_crop_jpeg at a box drawn by
+          sample_distorted_bounding_box (scale 0.08-1, ratio 3/4-4/3: tf's own fused
+          crop-decode), resize 224, flip, normalize, AUTOTUNE everywhere, batch
+  decode  --dir D --procs N [--draft W]
+          the limit: PIL (libjpeg-turbo) decode of every file to RGB in N processes;
+          with --draft W, PIL's DCT-domain downscaling to the smallest scale >= W x W
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+
+
+def emit(images: int, t0: float, first: float | None) -> None:
+    print(json.dumps({
+        "images": images,
+        "seconds": time.perf_counter() - t0,
+        "first_batch_s": None if first is None else first - t0,
+    }), flush=True)
+
+
+def files(d: str) -> list[str]:
+    out = []
+    for root, _dirs, names in os.walk(d):
+        out += [os.path.join(root, n) for n in names if n.lower().endswith((".jpg", ".jpeg"))]
+    return sorted(out)
+
+
+def cmd_torch(a: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    import torch
+    from torchvision import datasets, transforms as T
+
+    torch.set_num_threads(1)
+    if a.pipeline == "imagenet":
+        tf = T.Compose([
+            T.RandomResizedCrop(224),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize(MEAN, STD),
+        ])
+    else:  # simclr
+        tf = T.Compose([
+            T.RandomResizedCrop(224),
+            T.RandomHorizontalFlip(),
+            T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+            T.RandomGrayscale(p=0.2),
+            T.GaussianBlur(23, sigma=(0.1, 2.0)),
+            T.ToTensor(),
+            T.Normalize(MEAN, STD),
+        ])
+    ds = datasets.ImageFolder(a.dir, transform=tf)
+    dl = torch.utils.data.DataLoader(
+        ds, batch_size=a.batch, shuffle=True, num_workers=a.workers,
+        persistent_workers=False, prefetch_factor=2 if a.workers else None,
+    )
+    n, first = 0, None
+    for x, _y in dl:
+        if first is None:
+            first = time.perf_counter()
+        n += x.shape[0]
+    emit(n, t0, first)
+
+
+def cmd_tfdata(a: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    paths = files(a.dir)
+    mean = tf.constant(MEAN) * 255.0
+    std = tf.constant(STD) * 255.0
+
+    def load(path):
+        data = tf.io.read_file(path)
+        shape = tf.image.extract_jpeg_shape(data)
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            shape, tf.zeros([0, 0, 4], tf.float32), area_range=(0.08, 1.0),
+            aspect_ratio_range=(3 / 4, 4 / 3), max_attempts=10, use_image_if_no_bounding_boxes=True)
+        y, x, _ = tf.unstack(begin)
+        h, w, _ = tf.unstack(size)
+        img = tf.io.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
+        img = tf.image.resize(img, [224, 224], method="bilinear", antialias=True)
+        img = tf.image.random_flip_left_right(img)
+        img = (img - mean) / std
+        return tf.transpose(img, [2, 0, 1])
+
+    ds = (tf.data.Dataset.from_tensor_slices(paths)
+          .shuffle(len(paths))
+          .map(load, num_parallel_calls=tf.data.AUTOTUNE)
+          .batch(a.batch)
+          .prefetch(tf.data.AUTOTUNE))
+    n, first = 0, None
+    for x in ds:
+        if first is None:
+            first = time.perf_counter()
+        n += int(x.shape[0])
+    emit(n, t0, first)
+
+
+def _decode_part(args: tuple[list[str], int]) -> int:
+    from PIL import Image
+
+    paths, draft = args
+    for p in paths:
+        with Image.open(p) as im:
+            if draft:
+                im.draft("RGB", (draft, draft))
+            im.convert("RGB").load()
+    return len(paths)
+
+
+def cmd_decode(a: argparse.Namespace) -> None:
+    import multiprocessing as mp
+
+    paths = files(a.dir)
+    t0 = time.perf_counter()
+    parts = [(paths[i::a.procs], a.draft) for i in range(a.procs)]
+    with mp.get_context("fork").Pool(a.procs) as pool:
+        n = sum(pool.map(_decode_part, parts))
+    emit(n, t0, None)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("torch")
+    t.add_argument("--dir", required=True)
+    t.add_argument("--workers", type=int, default=2)
+    t.add_argument("--batch", type=int, default=64)
+    t.add_argument("--pipeline", choices=["imagenet", "simclr"], default="imagenet")
+    f = sub.add_parser("tfdata")
+    f.add_argument("--dir", required=True)
+    f.add_argument("--batch", type=int, default=64)
+    f.add_argument("--pipeline", choices=["imagenet"], default="imagenet")
+    d = sub.add_parser("decode")
+    d.add_argument("--dir", required=True)
+    d.add_argument("--procs", type=int, default=2)
+    d.add_argument("--draft", type=int, default=0)
+    a = p.parse_args()
+    {"torch": cmd_torch, "tfdata": cmd_tfdata, "decode": cmd_decode}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
