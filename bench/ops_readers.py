@@ -8,9 +8,9 @@
           tf.data: list files, read, decode_and_crop_jpeg at a box drawn by
           sample_distorted_bounding_box (scale 0.08-1, ratio 3/4-4/3: tf's own fused
           crop-decode), resize 224, flip, normalize, AUTOTUNE everywhere, batch
-  decode  --dir D --procs N [--draft W]
+  decode  --dir D --procs N [--half]
           the limit: PIL (libjpeg-turbo) decode of every file to RGB in N processes;
-          with --draft W, PIL's DCT-domain downscaling to the smallest scale >= W x W
+          with --half, at half size by libjpeg-turbo's DCT-domain scaling (PIL's draft)
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 
 
-def emit(images: int, t0: float, first: float | None) -> None:
+def emit(images: int, t0: float, first: float | None, first_n: int = 0) -> None:
     print(json.dumps({
         "images": images,
         "seconds": time.perf_counter() - t0,
         "first_batch_s": None if first is None else first - t0,
+        "first_batch_images": first_n,
     }), flush=True)
 
 
@@ -69,12 +70,12 @@ def cmd_torch(a: argparse.Namespace) -> None:
         ds, batch_size=a.batch, shuffle=True, num_workers=a.workers,
         persistent_workers=False, prefetch_factor=2 if a.workers else None,
     )
-    n, first = 0, None
+    n, first, first_n = 0, None, 0
     for x, _y in dl:
         if first is None:
-            first = time.perf_counter()
+            first, first_n = time.perf_counter(), x.shape[0]
         n += x.shape[0]
-    emit(n, t0, first)
+    emit(n, t0, first, first_n)
 
 
 def cmd_tfdata(a: argparse.Namespace) -> None:
@@ -105,22 +106,22 @@ def cmd_tfdata(a: argparse.Namespace) -> None:
           .map(load, num_parallel_calls=tf.data.AUTOTUNE)
           .batch(a.batch)
           .prefetch(tf.data.AUTOTUNE))
-    n, first = 0, None
+    n, first, first_n = 0, None, 0
     for x in ds:
         if first is None:
-            first = time.perf_counter()
+            first, first_n = time.perf_counter(), int(x.shape[0])
         n += int(x.shape[0])
-    emit(n, t0, first)
+    emit(n, t0, first, first_n)
 
 
 def _decode_part(args: tuple[list[str], int]) -> int:
     from PIL import Image
 
-    paths, draft = args
+    paths, half = args
     for p in paths:
         with Image.open(p) as im:
-            if draft:
-                im.draft("RGB", (draft, draft))
+            if half:
+                im.draft("RGB", (im.width // 2, im.height // 2))
             im.convert("RGB").load()
     return len(paths)
 
@@ -130,7 +131,7 @@ def cmd_decode(a: argparse.Namespace) -> None:
 
     paths = files(a.dir)
     t0 = time.perf_counter()
-    parts = [(paths[i::a.procs], a.draft) for i in range(a.procs)]
+    parts = [(paths[i::a.procs], a.half) for i in range(a.procs)]
     with mp.get_context("fork").Pool(a.procs) as pool:
         n = sum(pool.map(_decode_part, parts))
     emit(n, t0, None)
@@ -151,7 +152,7 @@ def main() -> None:
     d = sub.add_parser("decode")
     d.add_argument("--dir", required=True)
     d.add_argument("--procs", type=int, default=2)
-    d.add_argument("--draft", type=int, default=0)
+    d.add_argument("--half", action="store_true")
     a = p.parse_args()
     {"torch": cmd_torch, "tfdata": cmd_tfdata, "decode": cmd_decode}[a.cmd](a)
 
