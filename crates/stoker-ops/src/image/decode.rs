@@ -43,7 +43,8 @@ impl ImageFormat {
             Some(ImageFormat::Jpeg)
         } else if data.starts_with(b"\x89PNG\r\n\x1a\n") {
             Some(ImageFormat::Png)
-        } else if data.len() >= 12 && &data[..4] == b"RIFF" && &data[8..12] == b"WEBP" {
+        } else if data.starts_with(b"RIFF") && (data.len() < 12 || &data[8..12] == b"WEBP") {
+            // (A RIFF file cut before its form type is taken as a truncated WebP.)
             Some(ImageFormat::WebP)
         } else {
             None

@@ -6,8 +6,9 @@
 //! 3. Pick the smallest scale M/8 (M = 1..=8) at which the box still measures at least
 //!    the output size, so the final resize only ever shrinks (or keeps) and loses no
 //!    detail the output could hold.
-//! 4. Decode only the box's rows and columns at that scale; libjpeg-turbo starts a row
-//!    at an iMCU boundary, so the left edge is aligned down and the region overshoots.
+//! 4. Decode only the box's rows and columns at that scale (the pixel-aligned hull of the
+//!    scaled box; [`decode_jpeg`](super::decode_jpeg) decodes an iMCU-aligned superset
+//!    and cuts it).
 //! 5. Resample the box, mapped into the decoded region's coordinates (fractional, since
 //!    M/8 scaling rarely lands on whole pixels), to the output size.
 //!

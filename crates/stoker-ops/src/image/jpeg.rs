@@ -3,13 +3,12 @@
 //! scaling (M/8), decoding a region only, a pixel limit checked from the header, and a
 //! scan limit against progressive-JPEG denial of service.
 //!
-//! A decompressor handle is kept per thread (creating one allocates libjpeg's state);
-//! every call resets the scaling factor and cropping region it uses.
+//! Every call uses a fresh decompressor handle, so nothing leaks from one image to the
+//! next.
 //!
 //! Marker scanning (EXIF orientation, the Adobe APP14 marker of inverted CMYK files) is a
 //! small bounded parser over the bytes before the first scan.
 
-use std::cell::RefCell;
 use std::ffi::CStr;
 
 use stoker_core::{Error, Tensor};
@@ -105,6 +104,15 @@ impl JpegHeader {
         Some(scale.scaled(mcu))
     }
 
+    /// The iMCU height in source pixels.
+    pub fn mcu_height(&self) -> usize {
+        match self.subsamp as tj::TJSAMP {
+            tj::TJSAMP_TJSAMP_420 | tj::TJSAMP_TJSAMP_440 => 16,
+            tj::TJSAMP_TJSAMP_441 => 32,
+            _ => 8,
+        }
+    }
+
     pub fn is_cmyk(&self) -> bool {
         matches!(
             self.colorspace as tj::TJCS,
@@ -122,19 +130,12 @@ impl Drop for Decompressor {
     }
 }
 
-thread_local! {
-    static DECOMPRESSOR: RefCell<Option<Decompressor>> = const { RefCell::new(None) };
-}
-
-/// Runs `f` with this thread's decompressor.
+/// Runs `f` with a fresh decompressor. Creating one costs about a microsecond (against
+/// milliseconds for a decode), and a fresh one carries nothing over from another image:
+/// libjpeg keeps Huffman/quantisation tables and the frame of the previous image in a
+/// reused handle, and after some errors it keeps failing.
 fn with_decompressor<R>(f: impl FnOnce(&Decompressor) -> Result<R, Error>) -> Result<R, Error> {
-    DECOMPRESSOR.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(Decompressor::new()?);
-        }
-        f(slot.as_ref().expect("just set"))
-    })
+    f(&Decompressor::new()?)
 }
 
 /// libjpeg's warning for data that ends before the image does.
@@ -193,6 +194,14 @@ impl Decompressor {
         if data.is_empty() {
             return Err(Error::operator("decode_jpeg: empty input"));
         }
+        // libjpeg takes a stream without a frame header for a tables-only stream and
+        // keeps the previous image's frame; refuse it here.
+        if !scan_markers(data).frame {
+            return Err(Error::operator(
+                "decode_jpeg: no frame header before the first scan (truncated, or a \
+                 tables-only stream)",
+            ));
+        }
         // SAFETY: data is a valid slice for its length.
         let rc =
             unsafe { tj::tj3DecompressHeader(self.0, data.as_ptr(), data.len() as tj::size_t) };
@@ -205,9 +214,9 @@ impl Decompressor {
         let width = self.get(tj::TJPARAM_TJPARAM_JPEGWIDTH);
         let height = self.get(tj::TJPARAM_TJPARAM_JPEGHEIGHT);
         if width <= 0 || height <= 0 {
-            return Err(Error::operator(format!(
-                "decode_jpeg: header declares a {width}x{height} image"
-            )));
+            return Err(Error::operator(
+                "decode_jpeg: no frame header (truncated, or a tables-only stream)",
+            ));
         }
         let precision = self.get(tj::TJPARAM_TJPARAM_PRECISION);
         if precision != 8 {
@@ -324,9 +333,11 @@ pub(crate) fn read_header(data: &[u8]) -> Result<JpegHeader, Error> {
 /// u8 tensor, per `options` (colour mode, pixel limit, truncation policy; EXIF
 /// orientation is *not* applied here, see [`DecodeImage`]).
 ///
-/// The region's `x` is aligned down to the scaled iMCU width (libjpeg-turbo can only
-/// start a row at an iMCU boundary) and its extent clamped to the image; the returned
-/// region is the one decoded, so a caller can cut exactly what it wanted from it.
+/// Only the rows and iMCU columns around the region are decoded (libjpeg-turbo starts a
+/// row at an iMCU boundary, so the decoded superset is aligned and one iMCU wider on each
+/// side); the result is cut to exactly the region, clamped to the image, and its pixels
+/// equal those of a whole decode at the same scale. The returned region is the clamped
+/// one.
 pub fn decode_jpeg(
     data: &[u8],
     options: &DecodeImage,
@@ -363,7 +374,7 @@ pub(crate) fn decode_with_header(
     region: Option<JpegRegion>,
 ) -> Result<(Tensor, JpegRegion), Error> {
     with_decompressor(|d| {
-        // The handle may have decoded something else since; re-read (cheap).
+        // A fresh handle: read the header into it (cheap).
         d.header(data)?;
         decode_with(d, data, header, markers, options, scale, region)
     })
@@ -384,46 +395,62 @@ fn decode_with(
         scale
     };
     let (sw, sh) = (scale.scaled(header.width), scale.scaled(header.height));
-    let region = match region {
-        None => JpegRegion {
-            x: 0,
-            y: 0,
-            w: sw,
-            h: sh,
-        },
+    let full = JpegRegion {
+        x: 0,
+        y: 0,
+        w: sw,
+        h: sh,
+    };
+    // `want`: the region asked for (clamped); `superset`: what libjpeg decodes. Its left
+    // edge must sit on an iMCU boundary, and libjpeg's fancy upsampling treats the edges
+    // of a cropped decode as image edges, so the superset reaches one iMCU beyond the
+    // wanted region on every side (where the image allows). The cut out of it is then
+    // pixel-identical to the same region of a whole decode.
+    let (want, superset) = match region {
+        None => (full, full),
         Some(r) => {
             if r.w == 0 || r.h == 0 || r.x >= sw || r.y >= sh {
                 return Err(Error::operator(format!(
                     "decode_jpeg: region {r:?} is empty or outside the {sw}x{sh} image"
                 )));
             }
-            let x1 = (r.x + r.w).min(sw);
-            let y1 = (r.y + r.h).min(sh);
-            match header.scaled_mcu_width(scale) {
-                Some(m) if !header.lossless => {
-                    let x0 = r.x / m * m;
+            let want = JpegRegion {
+                x: r.x,
+                y: r.y,
+                w: (r.x + r.w).min(sw) - r.x,
+                h: (r.y + r.h).min(sh) - r.y,
+            };
+            let mh = scale.scaled(header.mcu_height());
+            let y0 = want.y.saturating_sub(mh);
+            let y1 = (want.y + want.h + mh).min(sh);
+            let superset = match header.scaled_mcu_width(scale) {
+                // Lossless JPEG cannot be partially decoded: decode it all, then cut.
+                _ if header.lossless => full,
+                Some(m) => {
+                    let x0 = want.x.saturating_sub(m) / m * m;
+                    let x1 = (want.x + want.w + m).min(sw);
                     JpegRegion {
                         x: x0,
-                        y: r.y,
+                        y: y0,
                         w: x1 - x0,
-                        h: y1 - r.y,
+                        h: y1 - y0,
                     }
                 }
-                // Unknown sampling or lossless: decode the whole rows.
-                _ => JpegRegion {
+                // Unknown sampling: whole rows.
+                None => JpegRegion {
                     x: 0,
-                    y: r.y,
+                    y: y0,
                     w: sw,
-                    h: y1 - r.y,
+                    h: y1 - y0,
                 },
-            }
+            };
+            (want, superset)
         }
     };
-    let whole = region.x == 0 && region.y == 0 && region.w == sw && region.h == sh;
-    let crop = (!whole).then_some(region);
+    let crop = (superset != full).then_some(superset);
     let gray = options.mode == ColorMode::Gray;
-    let (tensor, decoded) = if header.is_cmyk() {
-        let (px, w, h) = d.decompress(
+    let (px, c) = if header.is_cmyk() {
+        let (px, _, _) = d.decompress(
             data,
             header,
             scale,
@@ -433,9 +460,9 @@ fn decode_with(
         )?;
         let rgb = cmyk_to_rgb(&px, markers.adobe);
         if gray {
-            (hwc_tensor(h, w, 1, rgb_to_gray(&rgb))?, region)
+            (rgb_to_gray(&rgb), 1)
         } else {
-            (hwc_tensor(h, w, 3, rgb)?, region)
+            (rgb, 3)
         }
     } else {
         let (pf, c) = if gray {
@@ -443,11 +470,22 @@ fn decode_with(
         } else {
             (tj::TJPF_TJPF_RGB, 3)
         };
-        let (px, w, h) =
+        let (px, _, _) =
             d.decompress(data, header, scale, crop, (pf, c), options.allow_truncated)?;
-        (hwc_tensor(h, w, c, px)?, region)
+        (px, c)
     };
-    Ok((tensor, decoded))
+    let px = if superset == want {
+        px
+    } else {
+        let stride = superset.w * c;
+        let dx = (want.x - superset.x) * c;
+        let mut out = Vec::with_capacity(want.w * want.h * c);
+        for y in want.y - superset.y..want.y - superset.y + want.h {
+            out.extend_from_slice(&px[y * stride + dx..y * stride + dx + want.w * c]);
+        }
+        out
+    };
+    Ok((hwc_tensor(want.h, want.w, c, px)?, want))
 }
 
 /// CMYK to RGB the way PIL converts: Adobe files store inverted ink values (PIL reads
@@ -491,6 +529,8 @@ pub(crate) struct Markers {
     pub orientation: Option<u8>,
     /// An Adobe APP14 marker is present (CMYK values stored inverted).
     pub adobe: bool,
+    /// A frame header (SOFn) precedes the first scan.
+    pub frame: bool,
 }
 
 /// Scans JPEG markers up to the first scan. Never fails: anything unexpected ends the scan
@@ -526,6 +566,8 @@ pub(crate) fn scan_markers(data: &[u8]) -> Markers {
             m.orientation = exif_orientation(&body[6..]);
         } else if marker == 0xEE && body.starts_with(b"Adobe") {
             m.adobe = true;
+        } else if (0xC0..=0xCF).contains(&marker) && ![0xC4, 0xC8, 0xCC].contains(&marker) {
+            m.frame = true;
         }
         i += 2 + len;
     }
