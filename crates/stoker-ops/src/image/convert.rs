@@ -1,0 +1,340 @@
+//! The last step of an image pipeline: to floats, normalised, in the layout the model
+//! wants; plus plain layout and dtype conversions.
+
+use bytes::Bytes;
+use half::f16;
+use stoker_core::{DType, Error, Tensor};
+
+use super::ImageRef;
+
+/// Memory layout of an image tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// `[H, W, C]` (decoders' layout, NumPy/PIL).
+    #[default]
+    Hwc,
+    /// `[C, H, W]` (PyTorch's).
+    Chw,
+}
+
+/// torchvision's `ToTensor` + `Normalize` in one pass over a u8 image:
+/// `out = (x / 255 - mean[c]) / std[c]` (or `(x - mean) / std` without the division),
+/// as `f32` or `f16`, in `[C, H, W]` (default) or `[H, W, C]`. Computed through a
+/// 256-entry table per channel, so it costs one lookup per sample.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ToTensor {
+    /// Per-channel mean (one value applies to all channels); empty: 0.
+    pub mean: Vec<f32>,
+    /// Per-channel std (one value applies to all channels); empty: 1.
+    pub std: Vec<f32>,
+    /// Divide by 255 first.
+    pub scale: bool,
+    /// Output dtype: `F32` or `F16`.
+    pub dtype: DType,
+    /// Output layout.
+    pub layout: Layout,
+}
+
+impl Default for ToTensor {
+    fn default() -> ToTensor {
+        ToTensor {
+            mean: Vec::new(),
+            std: Vec::new(),
+            scale: true,
+            dtype: DType::F32,
+            layout: Layout::Chw,
+        }
+    }
+}
+
+impl ToTensor {
+    /// ImageNet's mean and std (what torchvision recipes normalise with).
+    pub fn imagenet() -> ToTensor {
+        ToTensor::default().normalize(&[0.485, 0.456, 0.406], &[0.229, 0.224, 0.225])
+    }
+
+    /// Sets mean and std.
+    pub fn normalize(mut self, mean: &[f32], std: &[f32]) -> ToTensor {
+        self.mean = mean.to_vec();
+        self.std = std.to_vec();
+        self
+    }
+
+    /// Sets the output dtype (`F32` or `F16`).
+    pub fn dtype(mut self, d: DType) -> ToTensor {
+        self.dtype = d;
+        self
+    }
+
+    /// Sets the layout.
+    pub fn layout(mut self, l: Layout) -> ToTensor {
+        self.layout = l;
+        self
+    }
+
+    /// Sets whether to divide by 255.
+    pub fn scale(mut self, on: bool) -> ToTensor {
+        self.scale = on;
+        self
+    }
+
+    fn per_channel(v: &[f32], c: usize, default: f32, what: &str) -> Result<Vec<f32>, Error> {
+        match v.len() {
+            0 => Ok(vec![default; c]),
+            1 => Ok(vec![v[0]; c]),
+            n if n == c => Ok(v.to_vec()),
+            n => Err(Error::operator(format!(
+                "to_tensor: {n} {what} values for a {c}-channel image"
+            ))),
+        }
+    }
+
+    /// Converts `image` (`[H, W, C]` u8).
+    pub fn apply(&self, image: &Tensor) -> Result<Tensor, Error> {
+        let img = ImageRef::from_tensor(image, "to_tensor")?;
+        let (h, w, c) = (img.h, img.w, img.c);
+        let mean = ToTensor::per_channel(&self.mean, c, 0.0, "mean")?;
+        let std = ToTensor::per_channel(&self.std, c, 1.0, "std")?;
+        if std.iter().any(|&s| s == 0.0 || !s.is_finite()) {
+            return Err(Error::invalid(format!(
+                "to_tensor: std must be non-zero, got {std:?}"
+            )));
+        }
+        let lut: Vec<[f32; 256]> = (0..c)
+            .map(|ch| {
+                let mut t = [0f32; 256];
+                for (v, o) in t.iter_mut().enumerate() {
+                    let x = if self.scale {
+                        v as f32 / 255.0
+                    } else {
+                        v as f32
+                    };
+                    *o = (x - mean[ch]) / std[ch];
+                }
+                t
+            })
+            .collect();
+        let n = h * w;
+        let shape = match self.layout {
+            Layout::Chw => vec![c, h, w],
+            Layout::Hwc => vec![h, w, c],
+        };
+        // Element (p, ch) goes to index `dst(p, ch)`.
+        let dst = |p: usize, ch: usize| match self.layout {
+            Layout::Chw => ch * n + p,
+            Layout::Hwc => p * c + ch,
+        };
+        let data = match self.dtype {
+            DType::F32 => {
+                let mut out = vec![0u8; n * c * 4];
+                for (p, px) in img.data.chunks_exact(c).enumerate() {
+                    for (ch, &v) in px.iter().enumerate() {
+                        let i = dst(p, ch) * 4;
+                        out[i..i + 4].copy_from_slice(&lut[ch][v as usize].to_le_bytes());
+                    }
+                }
+                out
+            }
+            DType::F16 => {
+                let lut16: Vec<[u16; 256]> = lut
+                    .iter()
+                    .map(|t| {
+                        let mut o = [0u16; 256];
+                        for (d, &s) in o.iter_mut().zip(t.iter()) {
+                            *d = f16::from_f32(s).to_bits();
+                        }
+                        o
+                    })
+                    .collect();
+                let mut out = vec![0u8; n * c * 2];
+                for (p, px) in img.data.chunks_exact(c).enumerate() {
+                    for (ch, &v) in px.iter().enumerate() {
+                        let i = dst(p, ch) * 2;
+                        out[i..i + 2].copy_from_slice(&lut16[ch][v as usize].to_le_bytes());
+                    }
+                }
+                out
+            }
+            d => {
+                return Err(Error::invalid(format!(
+                    "to_tensor: output dtype must be float32 or float16, got {d}"
+                )))
+            }
+        };
+        Tensor::new(self.dtype, shape, Bytes::from(data))
+    }
+}
+
+/// Converts between `[H, W, C]` and `[C, H, W]` (any dtype).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToLayout {
+    /// Layout of the input.
+    pub from: Layout,
+    /// Layout of the output.
+    pub to: Layout,
+}
+
+impl ToLayout {
+    /// Converts `t`; a no-op (no copy) when `from == to`.
+    pub fn apply(&self, t: &Tensor) -> Result<Tensor, Error> {
+        let [a, b, c] = *t.shape() else {
+            return Err(Error::operator(format!(
+                "to_layout: expects a 3-d tensor, got shape {:?}",
+                t.shape()
+            )));
+        };
+        if self.from == self.to {
+            return Ok(t.clone());
+        }
+        let es = t.dtype().size();
+        let src = t.data();
+        let mut out = vec![0u8; src.len()];
+        // Move element (i, j, k) of [a, b, c] to the transposed position.
+        let hwc_to_chw = self.from == Layout::Hwc;
+        let shape = if hwc_to_chw {
+            // HWC [h, w, c] -> CHW [c, h, w].
+            vec![c, a, b]
+        } else {
+            // CHW [c, h, w] -> HWC [h, w, c].
+            vec![b, c, a]
+        };
+        let idx = |i: usize, j: usize, k: usize| {
+            if hwc_to_chw {
+                (k * a + i) * b + j
+            } else {
+                (j * c + k) * a + i
+            }
+        };
+        let mut s = 0;
+        for i in 0..a {
+            for j in 0..b {
+                for k in 0..c {
+                    let d = idx(i, j, k) * es;
+                    out[d..d + es].copy_from_slice(&src[s..s + es]);
+                    s += es;
+                }
+            }
+        }
+        Tensor::new(t.dtype(), shape, Bytes::from(out))
+    }
+}
+
+/// Converts the element type among `U8`, `F16` and `F32`: u8 -> float optionally divides
+/// by 255 (torchvision's `ConvertImageDtype`); float -> u8 multiplies by 255 when
+/// `scale` is set, then rounds to nearest and saturates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConvertDType {
+    /// Target dtype.
+    pub to: DType,
+    /// Map u8 0..=255 to float 0..=1 (and back).
+    pub scale: bool,
+}
+
+impl ConvertDType {
+    /// Converts to `to`, scaling between 0..=255 and 0..=1 when `scale`.
+    pub fn new(to: DType, scale: bool) -> ConvertDType {
+        ConvertDType { to, scale }
+    }
+
+    /// Converts `t` (any shape).
+    pub fn apply(&self, t: &Tensor) -> Result<Tensor, Error> {
+        let from = t.dtype();
+        if from == self.to {
+            return Ok(t.clone());
+        }
+        let k = if self.scale { 255.0f32 } else { 1.0 };
+        let vals: Vec<f32> = match from {
+            DType::U8 => t.data().iter().map(|&v| v as f32 / k).collect(),
+            DType::F32 => t
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            DType::F16 => t
+                .data()
+                .chunks_exact(2)
+                .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+                .collect(),
+            d => {
+                return Err(Error::operator(format!(
+                    "convert_dtype: from {d} is not supported (uint8, float16, float32)"
+                )))
+            }
+        };
+        let data: Vec<u8> = match self.to {
+            DType::U8 => {
+                let m = if from == DType::U8 { 1.0 } else { k };
+                vals.iter()
+                    .map(|&v| (v * m).round().clamp(0.0, 255.0) as u8)
+                    .collect()
+            }
+            DType::F32 => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::F16 => vals
+                .iter()
+                .flat_map(|&v| f16::from_f32(v).to_bits().to_le_bytes())
+                .collect(),
+            d => {
+                return Err(Error::operator(format!(
+                    "convert_dtype: to {d} is not supported (uint8, float16, float32)"
+                )))
+            }
+        };
+        Tensor::new(self.to, t.shape().to_vec(), Bytes::from(data))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::hwc_tensor;
+
+    #[test]
+    fn to_tensor_normalises_into_chw() {
+        let t = hwc_tensor(1, 2, 3, vec![0, 255, 51, 255, 0, 102]).unwrap();
+        let o = ToTensor::default()
+            .normalize(&[0.5], &[0.5])
+            .apply(&t)
+            .unwrap();
+        assert_eq!(o.shape(), &[3, 1, 2]);
+        let v = o.to_vec::<f32>().unwrap();
+        let want = [-1.0, 1.0, 1.0, -1.0, -0.6, -0.2];
+        for (a, b) in v.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{v:?}");
+        }
+        let h = ToTensor::default().dtype(DType::F16).apply(&t).unwrap();
+        assert_eq!(h.dtype(), DType::F16);
+        assert_eq!(h.data().len(), 12);
+    }
+
+    #[test]
+    fn layouts_round_trip() {
+        let t = hwc_tensor(2, 3, 2, (0..12).collect()).unwrap();
+        let chw = ToLayout {
+            from: Layout::Hwc,
+            to: Layout::Chw,
+        }
+        .apply(&t)
+        .unwrap();
+        assert_eq!(chw.shape(), &[2, 2, 3]);
+        assert_eq!(chw.data()[..6], [0, 2, 4, 6, 8, 10]);
+        let back = ToLayout {
+            from: Layout::Chw,
+            to: Layout::Hwc,
+        }
+        .apply(&chw)
+        .unwrap();
+        assert_eq!(back, t);
+    }
+
+    #[test]
+    fn dtype_round_trip() {
+        let t = hwc_tensor(1, 4, 1, vec![0, 1, 128, 255]).unwrap();
+        for to in [DType::F32, DType::F16] {
+            let f = ConvertDType::new(to, true).apply(&t).unwrap();
+            let back = ConvertDType::new(DType::U8, true).apply(&f).unwrap();
+            assert_eq!(back, t, "{to}");
+        }
+    }
+}

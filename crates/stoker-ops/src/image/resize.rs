@@ -1,0 +1,427 @@
+//! Resampling: separable convolution with per-output weights, PIL's arithmetic.
+//!
+//! For each output column (then row) the weights of the source pixels it covers are
+//! computed once per call: the filter is centred on the output pixel's centre mapped into
+//! the source box, and on a downscale its support widens by the scale factor, which is
+//! the anti-aliasing PIL always does and torchvision's `antialias=True` reproduces. The
+//! weights are normalised, turned into 22-bit fixed point, and applied to u8 samples
+//! with i32 accumulators: a horizontal pass (only over the rows the vertical pass will
+//! read) into a u8 intermediate, then a vertical pass. The source box may be fractional,
+//! which is how the fused decode maps a DCT-scaled region onto the output exactly.
+
+use stoker_core::{Error, Tensor};
+
+use super::{hwc_tensor, ImageRef};
+
+/// Interpolation filters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Interpolation {
+    /// The source pixel under the output pixel's centre (PIL's `NEAREST`, torchvision's
+    /// `NEAREST_EXACT`).
+    Nearest,
+    /// Triangle filter (PIL's `BILINEAR`, torchvision's default).
+    #[default]
+    Bilinear,
+    /// Keys cubic with a = -0.5 (PIL's `BICUBIC`).
+    Bicubic,
+    /// Lanczos with 3 lobes (PIL's `LANCZOS`).
+    Lanczos,
+    /// Box filter / area average (PIL's `BOX`).
+    Box,
+}
+
+impl Interpolation {
+    fn support(self) -> f64 {
+        match self {
+            Interpolation::Nearest | Interpolation::Box => 0.5,
+            Interpolation::Bilinear => 1.0,
+            Interpolation::Bicubic => 2.0,
+            Interpolation::Lanczos => 3.0,
+        }
+    }
+
+    fn weight(self, x: f64) -> f64 {
+        match self {
+            Interpolation::Nearest | Interpolation::Box => {
+                if x > -0.5 && x <= 0.5 {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+            Interpolation::Bilinear => (1.0 - x.abs()).max(0.0),
+            Interpolation::Bicubic => {
+                let a = -0.5;
+                let x = x.abs();
+                if x < 1.0 {
+                    ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+                } else if x < 2.0 {
+                    (((x - 5.0) * x + 8.0) * x - 4.0) * a
+                } else {
+                    0.0
+                }
+            }
+            Interpolation::Lanczos => {
+                if x.abs() < 3.0 {
+                    sinc(x) * sinc(x / 3.0)
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
+}
+
+fn sinc(x: f64) -> f64 {
+    if x == 0.0 {
+        1.0
+    } else {
+        let px = x * std::f64::consts::PI;
+        px.sin() / px
+    }
+}
+
+/// Resizes an HWC u8 image to `height` x `width`.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Resize {
+    /// Output height.
+    pub height: usize,
+    /// Output width.
+    pub width: usize,
+    /// Filter.
+    pub interpolation: Interpolation,
+    /// Widen the filter on downscale (PIL always does; torchvision's `antialias=True`).
+    /// Off: the filter keeps its unit support (torchvision's `antialias=False`), which
+    /// aliases on large downscales.
+    pub antialias: bool,
+}
+
+impl Resize {
+    /// Bilinear, anti-aliased resize to `height` x `width`.
+    pub fn new(height: usize, width: usize) -> Resize {
+        Resize {
+            height,
+            width,
+            interpolation: Interpolation::Bilinear,
+            antialias: true,
+        }
+    }
+
+    /// Sets the filter.
+    pub fn interpolation(mut self, i: Interpolation) -> Resize {
+        self.interpolation = i;
+        self
+    }
+
+    /// Sets anti-aliasing.
+    pub fn antialias(mut self, on: bool) -> Resize {
+        self.antialias = on;
+        self
+    }
+
+    /// Resizes `image` (`[H, W, C]` u8).
+    pub fn apply(&self, image: &Tensor) -> Result<Tensor, Error> {
+        let img = ImageRef::from_tensor(image, "resize")?;
+        let b = [0.0, 0.0, img.w as f64, img.h as f64];
+        self.apply_box(img, b, "resize")
+    }
+
+    /// Resizes the (possibly fractional) source box `[x0, y0, x1, y1]` of `img`.
+    pub(crate) fn apply_box(
+        &self,
+        img: ImageRef<'_>,
+        src_box: [f64; 4],
+        op: &str,
+    ) -> Result<Tensor, Error> {
+        if self.height == 0 || self.width == 0 {
+            return Err(Error::invalid(format!(
+                "{op}: output size {}x{} is empty",
+                self.height, self.width
+            )));
+        }
+        let [x0, y0, x1, y1] = src_box;
+        let inside = x0 >= 0.0 && y0 >= 0.0 && x1 <= img.w as f64 && y1 <= img.h as f64;
+        if !(inside && x1 > x0 && y1 > y0) {
+            return Err(Error::invalid(format!(
+                "{op}: source box {src_box:?} is outside a {}x{} image",
+                img.w, img.h
+            )));
+        }
+        let out = resample(
+            img,
+            src_box,
+            self.width,
+            self.height,
+            self.interpolation,
+            self.antialias,
+        );
+        hwc_tensor(self.height, self.width, img.c, out)
+    }
+}
+
+/// Fixed-point precision of the weights (as PIL: 32 - 8 - 2 bits).
+const PRECISION_BITS: u32 = 22;
+
+/// The source span and weights of each output pixel along one axis.
+struct Weights {
+    /// (first source index, count) per output pixel.
+    bounds: Vec<(usize, usize)>,
+    /// `ksize` weights per output pixel.
+    k: Vec<i32>,
+    ksize: usize,
+}
+
+fn weights(
+    in_size: usize,
+    in0: f64,
+    in1: f64,
+    out_size: usize,
+    f: Interpolation,
+    antialias: bool,
+) -> Weights {
+    let scale = (in1 - in0) / out_size as f64;
+    let filterscale = if antialias { scale.max(1.0) } else { 1.0 };
+    let support = f.support() * filterscale;
+    let ksize = (support.ceil() as usize) * 2 + 1;
+    let mut bounds = Vec::with_capacity(out_size);
+    let mut k = vec![0i32; out_size * ksize];
+    let mut w = vec![0f64; ksize];
+    let ss = 1.0 / filterscale;
+    // Only pixels the box overlaps take part: with an integer box this is exactly
+    // cropping first and resizing the crop (torchvision's `resized_crop`).
+    let lo = in0.floor().max(0.0);
+    let hi = (in1.ceil() as usize).min(in_size);
+    for xx in 0..out_size {
+        let center = in0 + (xx as f64 + 0.5) * scale;
+        let xmin = (center - support + 0.5).floor().max(lo) as usize;
+        let xmax = ((center + support + 0.5).floor() as usize).min(hi);
+        let n = xmax.saturating_sub(xmin).min(ksize);
+        let mut total = 0.0;
+        for (x, wx) in w.iter_mut().enumerate().take(n) {
+            let v = f.weight((x as f64 + xmin as f64 - center + 0.5) * ss);
+            *wx = v;
+            total += v;
+        }
+        let row = &mut k[xx * ksize..(xx + 1) * ksize];
+        for x in 0..n {
+            let v = if total != 0.0 { w[x] / total } else { 0.0 };
+            let fixed = v * (1u32 << PRECISION_BITS) as f64;
+            row[x] = if fixed < 0.0 {
+                (fixed - 0.5) as i32
+            } else {
+                (fixed + 0.5) as i32
+            };
+        }
+        bounds.push((xmin, n));
+    }
+    Weights { bounds, k, ksize }
+}
+
+#[inline(always)]
+fn clip8(acc: i32) -> u8 {
+    (acc >> PRECISION_BITS).clamp(0, 255) as u8
+}
+
+const HALF: i32 = 1 << (PRECISION_BITS - 1);
+
+/// Horizontal pass over rows `y0..y1` of `src` into a `(y1 - y0) x out_w` buffer.
+fn horizontal(src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w: usize) -> Vec<u8> {
+    let c = src.c;
+    let mut out = vec![0u8; (y1 - y0) * out_w * c];
+    for (oy, y) in (y0..y1).enumerate() {
+        let row = src.row(y);
+        let orow = &mut out[oy * out_w * c..(oy + 1) * out_w * c];
+        for (xx, &(xmin, n)) in wt.bounds.iter().enumerate() {
+            let k = &wt.k[xx * wt.ksize..xx * wt.ksize + n];
+            let px = &row[xmin * c..(xmin + n) * c];
+            let o = &mut orow[xx * c..(xx + 1) * c];
+            match c {
+                3 => {
+                    let (mut a, mut b, mut d) = (HALF, HALF, HALF);
+                    for (p, &w) in px.chunks_exact(3).zip(k) {
+                        a += p[0] as i32 * w;
+                        b += p[1] as i32 * w;
+                        d += p[2] as i32 * w;
+                    }
+                    o[0] = clip8(a);
+                    o[1] = clip8(b);
+                    o[2] = clip8(d);
+                }
+                1 => {
+                    let mut a = HALF;
+                    for (&p, &w) in px.iter().zip(k) {
+                        a += p as i32 * w;
+                    }
+                    o[0] = clip8(a);
+                }
+                _ => {
+                    let mut acc = [HALF; 4];
+                    for (p, &w) in px.chunks_exact(c).zip(k) {
+                        for ch in 0..c {
+                            acc[ch] += p[ch] as i32 * w;
+                        }
+                    }
+                    for ch in 0..c {
+                        o[ch] = clip8(acc[ch]);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Vertical pass: `src` rows are already offset so that bounds index into them.
+fn vertical(src: ImageRef<'_>, wt: &Weights, out_h: usize) -> Vec<u8> {
+    let stride = src.w * src.c;
+    let mut out = vec![0u8; out_h * stride];
+    let mut acc = vec![0i32; stride];
+    for (yy, &(ymin, n)) in wt.bounds.iter().enumerate() {
+        acc.fill(HALF);
+        let k = &wt.k[yy * wt.ksize..yy * wt.ksize + n];
+        for (j, &w) in k.iter().enumerate() {
+            let row = src.row(ymin + j);
+            for (a, &p) in acc.iter_mut().zip(row) {
+                *a += p as i32 * w;
+            }
+        }
+        for (o, &a) in out[yy * stride..(yy + 1) * stride].iter_mut().zip(&acc) {
+            *o = clip8(a);
+        }
+    }
+    out
+}
+
+fn nearest(src: ImageRef<'_>, b: [f64; 4], out_w: usize, out_h: usize) -> Vec<u8> {
+    let c = src.c;
+    let sx = (b[2] - b[0]) / out_w as f64;
+    let sy = (b[3] - b[1]) / out_h as f64;
+    let xs: Vec<usize> = (0..out_w)
+        .map(|x| ((b[0] + (x as f64 + 0.5) * sx).floor().max(0.0) as usize).min(src.w - 1))
+        .collect();
+    let mut out = Vec::with_capacity(out_w * out_h * c);
+    for y in 0..out_h {
+        let syy = ((b[1] + (y as f64 + 0.5) * sy).floor().max(0.0) as usize).min(src.h - 1);
+        let row = src.row(syy);
+        for &x in &xs {
+            out.extend_from_slice(&row[x * c..(x + 1) * c]);
+        }
+    }
+    out
+}
+
+/// Resamples box `b` of `src` to `out_w` x `out_h`.
+pub(crate) fn resample(
+    src: ImageRef<'_>,
+    b: [f64; 4],
+    out_w: usize,
+    out_h: usize,
+    f: Interpolation,
+    antialias: bool,
+) -> Vec<u8> {
+    if f == Interpolation::Nearest {
+        return nearest(src, b, out_w, out_h);
+    }
+    let need_h = out_w != src.w || b[0] != 0.0 || b[2] != src.w as f64;
+    let need_v = out_h != src.h || b[1] != 0.0 || b[3] != src.h as f64;
+    match (need_h, need_v) {
+        (false, false) => src.data.to_vec(),
+        (true, false) => {
+            let wh = weights(src.w, b[0], b[2], out_w, f, antialias);
+            horizontal(src, 0, src.h, &wh, out_w)
+        }
+        (false, true) => {
+            let wv = weights(src.h, b[1], b[3], out_h, f, antialias);
+            vertical(src, &wv, out_h)
+        }
+        (true, true) => {
+            let wh = weights(src.w, b[0], b[2], out_w, f, antialias);
+            let mut wv = weights(src.h, b[1], b[3], out_h, f, antialias);
+            // Only the rows the vertical pass reads go through the horizontal pass.
+            let first = wv.bounds.first().map_or(0, |b| b.0);
+            let last = wv.bounds.last().map_or(0, |b| b.0 + b.1);
+            for bd in &mut wv.bounds {
+                bd.0 -= first;
+            }
+            let mid = horizontal(src, first, last.max(first + 1), &wh, out_w);
+            let mid_ref = ImageRef {
+                data: &mid,
+                h: last.max(first + 1) - first,
+                w: out_w,
+                c: src.c,
+            };
+            vertical(mid_ref, &wv, out_h)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn img(h: usize, w: usize, c: usize, f: impl Fn(usize, usize, usize) -> u8) -> Vec<u8> {
+        let mut v = Vec::new();
+        for y in 0..h {
+            for x in 0..w {
+                for ch in 0..c {
+                    v.push(f(y, x, ch));
+                }
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn constant_images_stay_constant() {
+        for f in [
+            Interpolation::Bilinear,
+            Interpolation::Bicubic,
+            Interpolation::Lanczos,
+            Interpolation::Box,
+            Interpolation::Nearest,
+        ] {
+            let d = img(13, 17, 3, |_, _, _| 77);
+            let src = ImageRef {
+                data: &d,
+                h: 13,
+                w: 17,
+                c: 3,
+            };
+            for (ow, oh) in [(5, 4), (40, 31), (17, 13), (1, 1)] {
+                let o = resample(src, [0.0, 0.0, 17.0, 13.0], ow, oh, f, true);
+                assert_eq!(o.len(), ow * oh * 3);
+                assert!(o.iter().all(|&v| v == 77), "{f:?} {ow}x{oh}");
+            }
+        }
+    }
+
+    #[test]
+    fn weights_sum_to_one_and_stay_in_bounds() {
+        for (n, out) in [(100, 7), (7, 100), (224, 224), (3, 1)] {
+            let w = weights(n, 0.0, n as f64, out, Interpolation::Bicubic, true);
+            for (i, &(xmin, len)) in w.bounds.iter().enumerate() {
+                assert!(xmin + len <= n);
+                let s: i64 = w.k[i * w.ksize..i * w.ksize + len]
+                    .iter()
+                    .map(|&v| v as i64)
+                    .sum();
+                assert!((s - (1 << PRECISION_BITS)).abs() <= len as i64, "{s}");
+            }
+        }
+    }
+
+    #[test]
+    fn halving_averages_pairs_with_box() {
+        let d = img(2, 4, 1, |_, x, _| [0, 100, 50, 51][x]);
+        let src = ImageRef {
+            data: &d,
+            h: 2,
+            w: 4,
+            c: 1,
+        };
+        let o = resample(src, [0.0, 0.0, 4.0, 2.0], 2, 2, Interpolation::Box, true);
+        assert_eq!(o, vec![50, 51, 50, 51]);
+    }
+}
