@@ -255,7 +255,7 @@ op = "random_flip"
 field = "jpg"
 {extra}
 [[ops]]
-op = "to_tensor"
+op = "image_to_tensor"
 field = "jpg"
 normalize = "imagenet"
 [[ops]]

@@ -233,6 +233,7 @@ fn optimize(ops: &[Op]) -> Physical {
             Op::Prefetch(n) => prefetch = Some(*n),
         }
     }
+    let producer = fuse_kernels(producer, &mut explain);
     if producer.len() > 1 {
         explain.push(format!(
             "fused {} per-sample operators into one worker stage",
@@ -249,6 +250,35 @@ fn optimize(ops: &[Op]) -> Physical {
         prefetch,
         explain,
     }
+}
+
+/// Replaces adjacent operators that have a fused kernel (a decode then a random resized
+/// crop of the same field) by it. The fused operator takes the second one's index, whose
+/// generator it draws from, so results do not change.
+fn fuse_kernels(
+    ops: Vec<(usize, Arc<dyn SampleOp>)>,
+    explain: &mut Vec<String>,
+) -> Vec<(usize, Arc<dyn SampleOp>)> {
+    let mut out: Vec<(usize, Arc<dyn SampleOp>)> = Vec::with_capacity(ops.len());
+    for (i, op) in ops {
+        let fused = out
+            .last()
+            .and_then(|(_, prev)| crate::image_ops::fuse(prev.as_builtin()?, op.as_builtin()?));
+        match fused {
+            Some(f) => {
+                explain.push(format!(
+                    "{} and {} run as one kernel: only the crop's region is decoded, at the \
+                     smallest DCT scale that covers the output",
+                    out.last().expect("prev").1.meta().name,
+                    op.meta().name
+                ));
+                out.pop();
+                out.push((i, f));
+            }
+            None => out.push((i, op)),
+        }
+    }
+    out
 }
 
 /// Describes the plan the optimizer produces for `p` (stage names and its reasons).

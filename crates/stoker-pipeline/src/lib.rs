@@ -30,6 +30,7 @@
 //! `exec` module; how shards are read in `source`; every random choice in `rng`.
 
 mod exec;
+mod image_ops;
 mod ops;
 mod plan;
 pub use stoker_core::rng;
@@ -39,6 +40,7 @@ pub mod spec;
 mod stats;
 
 pub use exec::{explain, Item, PipelineState, Run, StageState};
+pub use image_ops::Size;
 pub use ops::{Builtin, FnOp, OpContext, SampleOp};
 pub use plan::{
     ErrorPolicy, FormatChoice, Op, Pipeline, RankPolicy, RankSplit, RunOptions, Source,

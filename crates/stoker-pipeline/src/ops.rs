@@ -49,6 +49,11 @@ pub trait SampleOp: Send + Sync + fmt::Debug {
     fn meta(&self) -> OpMeta;
     /// Transforms `sample`; `Ok(None)` drops it.
     fn apply(&self, sample: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error>;
+
+    /// The spec operator this is, if it is one (the optimizer fuses some pairs of them).
+    fn as_builtin(&self) -> Option<&Builtin> {
+        None
+    }
 }
 
 type MapFn = dyn Fn(Sample, &mut OpContext) -> Result<Option<Sample>, Error> + Send + Sync;
@@ -156,6 +161,185 @@ pub enum Builtin {
         /// Exclusive bound.
         below: u64,
     },
+    /// Decodes the JPEG, PNG or WebP bytes in `field` into a `uint8` `[H, W, C]` tensor.
+    /// Followed by a `random_resized_crop` of the same field, the two run fused: only the
+    /// crop's region is decoded, at the smallest DCT scale that covers the output.
+    DecodeImage {
+        /// The field.
+        field: String,
+        /// `rgb` (default; alpha dropped, gray replicated), `gray`, or `rgba` (alpha kept
+        /// when the file has it).
+        #[serde(default)]
+        mode: Option<String>,
+        /// Rotate/flip by the EXIF orientation tag (default off, as torchvision).
+        #[serde(default)]
+        exif_orientation: bool,
+        /// Largest image accepted, in pixels (default 89,478,485, as PIL): checked from
+        /// the header, before decoding.
+        #[serde(default)]
+        max_pixels: Option<u64>,
+        /// Keep a JPEG whose data ends early, missing rows gray (default: an error).
+        #[serde(default)]
+        allow_truncated: bool,
+    },
+    /// torchvision's RandomResizedCrop: a random box (area fraction `scale`, aspect
+    /// `ratio`) resized to `size`.
+    RandomResizedCrop {
+        /// The field (a decoded image).
+        field: String,
+        /// Output size: `n` or `[height, width]`.
+        size: crate::image_ops::Size,
+        /// Area fraction range (default `[0.08, 1.0]`).
+        #[serde(default)]
+        scale: Option<[f64; 2]>,
+        /// Aspect ratio range (default `[3/4, 4/3]`).
+        #[serde(default)]
+        ratio: Option<[f64; 2]>,
+        /// `nearest`, `bilinear` (default), `bicubic`, `lanczos`.
+        #[serde(default)]
+        interpolation: Option<String>,
+        /// Anti-aliased downscale (default true).
+        #[serde(default)]
+        antialias: Option<bool>,
+    },
+    /// Resizes to `size` exactly.
+    Resize {
+        /// The field.
+        field: String,
+        /// `n` or `[height, width]`.
+        size: crate::image_ops::Size,
+        /// `nearest`, `bilinear` (default), `bicubic`, `lanczos`.
+        #[serde(default)]
+        interpolation: Option<String>,
+        /// Anti-aliased downscale (default true).
+        #[serde(default)]
+        antialias: Option<bool>,
+    },
+    /// Cuts the centre `size` (padding with zeros when the image is smaller, as torchvision).
+    CenterCrop {
+        /// The field.
+        field: String,
+        /// `n` or `[height, width]`.
+        size: crate::image_ops::Size,
+    },
+    /// A random `size` window, after optional padding.
+    RandomCrop {
+        /// The field.
+        field: String,
+        /// `n` or `[height, width]`.
+        size: crate::image_ops::Size,
+        /// Padding first: 1, 2 or 4 values, as torchvision.
+        #[serde(default)]
+        padding: Option<Vec<usize>>,
+        /// Pad an image smaller than `size` up to it.
+        #[serde(default)]
+        pad_if_needed: bool,
+        /// Fill value of constant padding.
+        #[serde(default)]
+        fill: u8,
+        /// `constant` (default), `edge`, `reflect`, `symmetric`.
+        #[serde(default)]
+        padding_mode: Option<String>,
+    },
+    /// Pads the image: 1, 2 or 4 values, as torchvision.
+    Pad {
+        /// The field.
+        field: String,
+        /// The padding.
+        padding: Vec<usize>,
+        /// Fill value of constant padding.
+        #[serde(default)]
+        fill: u8,
+        /// `constant` (default), `edge`, `reflect`, `symmetric`.
+        #[serde(default)]
+        padding_mode: Option<String>,
+    },
+    /// Mirrors the image with probability `p` (left-right, or top-bottom with `vertical`).
+    RandomFlip {
+        /// The field.
+        field: String,
+        /// Top-bottom instead of left-right.
+        #[serde(default)]
+        vertical: bool,
+        /// Probability (default 0.5).
+        #[serde(default = "crate::image_ops::half")]
+        p: f64,
+    },
+    /// torchvision's ColorJitter (factors drawn in `[max(0, 1 - x), 1 + x]`, hue in
+    /// `[-hue, hue]`, the four in random order), applied with probability `p`.
+    ColorJitter {
+        /// The field.
+        field: String,
+        /// Brightness.
+        #[serde(default)]
+        brightness: f32,
+        /// Contrast.
+        #[serde(default)]
+        contrast: f32,
+        /// Saturation.
+        #[serde(default)]
+        saturation: f32,
+        /// Hue (at most 0.5).
+        #[serde(default)]
+        hue: f32,
+        /// Probability of applying it (default 1).
+        #[serde(default = "crate::image_ops::one")]
+        p: f64,
+    },
+    /// Converts to gray (ITU-R 601-2 luma), with 1 or 3 (default) output channels.
+    Grayscale {
+        /// The field.
+        field: String,
+        /// Output channels.
+        #[serde(default = "crate::image_ops::three")]
+        channels: usize,
+    },
+    /// Converts to gray with probability `p`, keeping the number of channels.
+    RandomGrayscale {
+        /// The field.
+        field: String,
+        /// Probability.
+        p: f64,
+    },
+    /// Gaussian blur with a sigma drawn uniformly in `sigma`, with probability `p`.
+    GaussianBlur {
+        /// The field.
+        field: String,
+        /// Odd kernel size.
+        kernel_size: usize,
+        /// Sigma range (default `[0.1, 2.0]`).
+        #[serde(default)]
+        sigma: Option<[f32; 2]>,
+        /// Probability (default 1).
+        #[serde(default = "crate::image_ops::one")]
+        p: f64,
+    },
+    /// A `uint8` image to a float tensor: scaled to `[0, 1]` (unless `scale = false`),
+    /// normalized (`normalize = "imagenet"`, or `mean` and `std`), in `chw` (default) or
+    /// `hwc` layout, as `float32` (default) or `float16`. torchvision's ToTensor +
+    /// Normalize in one pass.
+    ImageToTensor {
+        /// The field.
+        field: String,
+        /// `imagenet` for ImageNet's mean and std.
+        #[serde(default)]
+        normalize: Option<String>,
+        /// Per-channel mean (after scaling).
+        #[serde(default)]
+        mean: Option<Vec<f32>>,
+        /// Per-channel standard deviation (after scaling).
+        #[serde(default)]
+        std: Option<Vec<f32>>,
+        /// `float32` (default) or `float16`.
+        #[serde(default)]
+        dtype: Option<String>,
+        /// `chw` (default) or `hwc`.
+        #[serde(default)]
+        layout: Option<String>,
+        /// Divide by 255 first (default true).
+        #[serde(default = "crate::image_ops::yes")]
+        scale: bool,
+    },
 }
 
 impl Builtin {
@@ -171,6 +355,18 @@ impl Builtin {
             Builtin::Len { field, .. } => format!("len({field})"),
             Builtin::FilterLen { field, .. } => format!("filter_len({field})"),
             Builtin::RandomInt { to, .. } => format!("random_int({to})"),
+            Builtin::DecodeImage { field, .. } => format!("decode_image({field})"),
+            Builtin::RandomResizedCrop { field, .. } => format!("random_resized_crop({field})"),
+            Builtin::Resize { field, .. } => format!("resize({field})"),
+            Builtin::CenterCrop { field, .. } => format!("center_crop({field})"),
+            Builtin::RandomCrop { field, .. } => format!("random_crop({field})"),
+            Builtin::Pad { field, .. } => format!("pad({field})"),
+            Builtin::RandomFlip { field, .. } => format!("random_flip({field})"),
+            Builtin::ColorJitter { field, .. } => format!("color_jitter({field})"),
+            Builtin::Grayscale { field, .. } => format!("grayscale({field})"),
+            Builtin::RandomGrayscale { field, .. } => format!("random_grayscale({field})"),
+            Builtin::GaussianBlur { field, .. } => format!("gaussian_blur({field})"),
+            Builtin::ImageToTensor { field, .. } => format!("image_to_tensor({field})"),
         }
     }
 
@@ -183,6 +379,7 @@ impl Builtin {
             Builtin::RandomInt { below: 0, .. } => {
                 Err(Error::invalid("random_int: `below` must be at least 1"))
             }
+            b if crate::image_ops::is_image_op(b) => crate::image_ops::validate(b),
             _ => Ok(()),
         }
     }
@@ -198,13 +395,30 @@ impl SampleOp for Builtin {
         let m = OpMeta::new(self.name());
         match self {
             Builtin::RandomInt { .. } => m.random().with_cost_ns(20.0),
+            Builtin::DecodeImage { .. } => m.with_cost_ns(3_000_000.0).with_size_ratio(8.0),
+            Builtin::RandomResizedCrop { .. }
+            | Builtin::RandomCrop { .. }
+            | Builtin::RandomFlip { .. }
+            | Builtin::ColorJitter { .. }
+            | Builtin::RandomGrayscale { .. }
+            | Builtin::GaussianBlur { .. } => m.random().with_cost_ns(500_000.0),
+            b if crate::image_ops::is_image_op(b) => m.with_cost_ns(200_000.0),
             Builtin::DecodeUtf8 { .. } => m.with_cost_ns(100.0).with_size_ratio(1.0),
             Builtin::FilterLen { .. } => m.filter().with_cost_ns(10.0).with_size_ratio(1.0),
             _ => m.with_cost_ns(20.0).with_size_ratio(1.0),
         }
     }
 
+    fn as_builtin(&self) -> Option<&Builtin> {
+        Some(self)
+    }
+
     fn apply(&self, mut s: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {
+        if crate::image_ops::is_image_op(self) {
+            return crate::image_ops::apply(self, s, ctx)
+                .expect("an image operator")
+                .map(Some);
+        }
         match self {
             Builtin::Rename { from, to } => {
                 s.require(from)?;
@@ -289,6 +503,7 @@ impl SampleOp for Builtin {
                 let v = ctx.rng().below(*below) as i64;
                 s.insert(to.as_str(), v);
             }
+            b => unreachable!("{} is applied above", b.name()),
         }
         Ok(Some(s))
     }

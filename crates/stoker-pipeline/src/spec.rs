@@ -293,6 +293,32 @@ impl PipelineSpec {
         if let Some(r) = &self.rank {
             p = p.shard_by_rank(r.rank, r.world, r.policy);
         }
+        p = self.apply_ops(p)?;
+        let o = &self.options;
+        let mut ro = RunOptions::default();
+        if let Some(t) = o.threads {
+            ro = ro.with_threads(t);
+        }
+        if let Some(a) = o.autotune {
+            ro = ro.with_autotune(a);
+        }
+        if let Some(d) = o.deterministic {
+            ro = ro.with_deterministic(d);
+        }
+        if let Some(e) = o.errors {
+            ro = ro.with_errors(e);
+        }
+        if let Some(m) = &o.memory_limit {
+            let b: ByteSize = m
+                .parse()
+                .map_err(|e| Error::invalid(format!("memory_limit {m:?}: {e}")))?;
+            ro = ro.with_memory_limit(b.bytes());
+        }
+        Ok(p.options(ro))
+    }
+
+    /// Appends the spec's operators (only its `ops`) to `p`, checking their arguments.
+    pub fn apply_ops(&self, mut p: Pipeline) -> Result<Pipeline, Error> {
         for op in &self.ops {
             p = match op {
                 OpSpec::Shuffle { buffer } => p.shuffle(*buffer),
@@ -334,27 +360,7 @@ impl PipelineSpec {
                 }
             };
         }
-        let o = &self.options;
-        let mut ro = RunOptions::default();
-        if let Some(t) = o.threads {
-            ro = ro.with_threads(t);
-        }
-        if let Some(a) = o.autotune {
-            ro = ro.with_autotune(a);
-        }
-        if let Some(d) = o.deterministic {
-            ro = ro.with_deterministic(d);
-        }
-        if let Some(e) = o.errors {
-            ro = ro.with_errors(e);
-        }
-        if let Some(m) = &o.memory_limit {
-            let b: ByteSize = m
-                .parse()
-                .map_err(|e| Error::invalid(format!("memory_limit {m:?}: {e}")))?;
-            ro = ro.with_memory_limit(b.bytes());
-        }
-        Ok(p.options(ro))
+        Ok(p)
     }
 }
 
