@@ -477,6 +477,7 @@ impl RandomResizedCrop {
         Resize {
             height: self.height,
             width: self.width,
+            shorter_side: None,
             interpolation: self.interpolation,
             antialias: self.antialias,
         }

@@ -82,14 +82,18 @@ fn sinc(x: f64) -> f64 {
     }
 }
 
-/// Resizes an HWC u8 image to `height` x `width`.
+/// Resizes an HWC u8 image to `height` x `width`, or so that its shorter side measures
+/// `shorter_side` (torchvision's `Resize(int)`: the longer side becomes
+/// `int(size * long / short)`, truncated).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Resize {
-    /// Output height.
+    /// Output height (ignored when `shorter_side` is set).
     pub height: usize,
-    /// Output width.
+    /// Output width (ignored when `shorter_side` is set).
     pub width: usize,
+    /// Scale so that the shorter side has this length, keeping the aspect ratio.
+    pub shorter_side: Option<usize>,
     /// Filter.
     pub interpolation: Interpolation,
     /// Widen the filter on downscale (PIL always does; torchvision's `antialias=True`).
@@ -104,8 +108,27 @@ impl Resize {
         Resize {
             height,
             width,
+            shorter_side: None,
             interpolation: Interpolation::Bilinear,
             antialias: true,
+        }
+    }
+
+    /// Bilinear, anti-aliased resize of the shorter side to `size` (torchvision's
+    /// `Resize(size)` with an int, as in the ImageNet eval transform `Resize(256)`).
+    pub fn shorter_side(size: usize) -> Resize {
+        Resize {
+            shorter_side: Some(size),
+            ..Resize::new(size, size)
+        }
+    }
+
+    /// The output `(height, width)` for a `w` x `h` input.
+    pub fn output_size(&self, w: usize, h: usize) -> (usize, usize) {
+        match self.shorter_side {
+            None => (self.height, self.width),
+            Some(s) if w <= h => ((s as f64 * h as f64 / w as f64) as usize, s),
+            Some(s) => (s, (s as f64 * w as f64 / h as f64) as usize),
         }
     }
 
@@ -125,6 +148,16 @@ impl Resize {
     pub fn apply(&self, image: &Tensor) -> Result<Tensor, Error> {
         let img = ImageRef::from_tensor(image, "resize")?;
         let b = [0.0, 0.0, img.w as f64, img.h as f64];
+        if self.shorter_side.is_some() {
+            let (height, width) = self.output_size(img.w, img.h);
+            let exact = Resize {
+                height,
+                width,
+                shorter_side: None,
+                ..self.clone()
+            };
+            return exact.apply_box(img, b, "resize");
+        }
         self.apply_box(img, b, "resize")
     }
 
