@@ -43,7 +43,7 @@ fn tolerance(case: &Json) -> (f64, f64) {
         "decode" => (0.0, 0.0),
         "decode_scaled" => (0.0, 0.0),
         "resize" if case["params"]["antialias"] == false => (1.0, 0.25),
-        "resize" | "resized_crop" => (0.0, 0.0),
+        "resize" | "resize_shorter" | "resized_crop" => (0.0, 0.0),
         "center_crop" | "pad" | "hflip" | "vflip" | "grayscale" => (0.0, 0.0),
         "jitter" | "jitter_all" => (0.0, 0.0),
         "blur" => (1.0, 0.001),
@@ -90,6 +90,9 @@ fn compute(case: &Json) -> Tensor {
                 .apply(&input(case))
                 .unwrap()
         }
+        "resize_shorter" => Resize::shorter_side(pu("size"))
+            .apply(&input(case))
+            .unwrap(),
         "resized_crop" => {
             // RandomResizedCrop's second half (torchvision's `resized_crop`).
             let img = input(case);

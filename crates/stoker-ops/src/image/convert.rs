@@ -115,46 +115,22 @@ impl ToTensor {
                 t
             })
             .collect();
-        let n = h * w;
         let shape = match self.layout {
             Layout::Chw => vec![c, h, w],
             Layout::Hwc => vec![h, w, c],
         };
-        // Element (p, ch) goes to index `dst(p, ch)`.
-        let dst = |p: usize, ch: usize| match self.layout {
-            Layout::Chw => ch * n + p,
-            Layout::Hwc => p * c + ch,
-        };
         let data = match self.dtype {
             DType::F32 => {
-                let mut out = vec![0u8; n * c * 4];
-                for (p, px) in img.data.chunks_exact(c).enumerate() {
-                    for (ch, &v) in px.iter().enumerate() {
-                        let i = dst(p, ch) * 4;
-                        out[i..i + 4].copy_from_slice(&lut[ch][v as usize].to_le_bytes());
-                    }
-                }
-                out
+                let lut_bytes: Vec<[[u8; 4]; 256]> =
+                    lut.iter().map(|t| t.map(f32::to_le_bytes)).collect();
+                scatter(img.data, c, self.layout, &lut_bytes)
             }
             DType::F16 => {
-                let lut16: Vec<[u16; 256]> = lut
+                let lut_bytes: Vec<[[u8; 2]; 256]> = lut
                     .iter()
-                    .map(|t| {
-                        let mut o = [0u16; 256];
-                        for (d, &s) in o.iter_mut().zip(t.iter()) {
-                            *d = f16::from_f32(s).to_bits();
-                        }
-                        o
-                    })
+                    .map(|t| t.map(|v| f16::from_f32(v).to_bits().to_le_bytes()))
                     .collect();
-                let mut out = vec![0u8; n * c * 2];
-                for (p, px) in img.data.chunks_exact(c).enumerate() {
-                    for (ch, &v) in px.iter().enumerate() {
-                        let i = dst(p, ch) * 2;
-                        out[i..i + 2].copy_from_slice(&lut16[ch][v as usize].to_le_bytes());
-                    }
-                }
-                out
+                scatter(img.data, c, self.layout, &lut_bytes)
             }
             d => {
                 return Err(Error::invalid(format!(
@@ -164,6 +140,29 @@ impl ToTensor {
         };
         Tensor::new(self.dtype, shape, Bytes::from(data))
     }
+}
+
+/// Maps every u8 sample through its channel's table of `N`-byte outputs, writing planes
+/// (CHW) or interleaved pixels (HWC).
+fn scatter<const N: usize>(px: &[u8], c: usize, layout: Layout, lut: &[[[u8; N]; 256]]) -> Vec<u8> {
+    let n = px.len() / c;
+    let mut out = vec![0u8; px.len() * N];
+    match layout {
+        Layout::Chw => {
+            for (ch, plane) in out.chunks_exact_mut(n * N).enumerate() {
+                let t = &lut[ch];
+                for (o, p) in plane.chunks_exact_mut(N).zip(px.chunks_exact(c)) {
+                    o.copy_from_slice(&t[p[ch] as usize]);
+                }
+            }
+        }
+        Layout::Hwc => {
+            for (i, (o, &v)) in out.chunks_exact_mut(N).zip(px).enumerate() {
+                o.copy_from_slice(&lut[i % c][v as usize]);
+            }
+        }
+    }
+    out
 }
 
 /// Converts between `[H, W, C]` and `[C, H, W]` (any dtype).

@@ -279,9 +279,27 @@ impl Flip {
         let mut out = Vec::with_capacity(img.data.len());
         match self {
             Flip::Horizontal => {
-                for y in 0..img.h {
-                    for p in img.row(y).chunks_exact(c).rev() {
-                        out.extend_from_slice(p);
+                out.resize(img.data.len(), 0);
+                for (o, i) in out
+                    .chunks_exact_mut(img.w * c)
+                    .zip(img.data.chunks_exact(img.w * c))
+                {
+                    match c {
+                        3 => {
+                            for (d, s) in o.chunks_exact_mut(3).zip(i.chunks_exact(3).rev()) {
+                                d.copy_from_slice(s);
+                            }
+                        }
+                        1 => {
+                            for (d, s) in o.iter_mut().zip(i.iter().rev()) {
+                                *d = *s;
+                            }
+                        }
+                        _ => {
+                            for (d, s) in o.chunks_exact_mut(c).zip(i.chunks_exact(c).rev()) {
+                                d.copy_from_slice(s);
+                            }
+                        }
                     }
                 }
             }
@@ -459,6 +477,7 @@ impl RandomResizedCrop {
         Resize {
             height: self.height,
             width: self.width,
+            shorter_side: None,
             interpolation: self.interpolation,
             antialias: self.antialias,
         }

@@ -82,14 +82,18 @@ fn sinc(x: f64) -> f64 {
     }
 }
 
-/// Resizes an HWC u8 image to `height` x `width`.
+/// Resizes an HWC u8 image to `height` x `width`, or so that its shorter side measures
+/// `shorter_side` (torchvision's `Resize(int)`: the longer side becomes
+/// `int(size * long / short)`, truncated).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Resize {
-    /// Output height.
+    /// Output height (ignored when `shorter_side` is set).
     pub height: usize,
-    /// Output width.
+    /// Output width (ignored when `shorter_side` is set).
     pub width: usize,
+    /// Scale so that the shorter side has this length, keeping the aspect ratio.
+    pub shorter_side: Option<usize>,
     /// Filter.
     pub interpolation: Interpolation,
     /// Widen the filter on downscale (PIL always does; torchvision's `antialias=True`).
@@ -104,8 +108,27 @@ impl Resize {
         Resize {
             height,
             width,
+            shorter_side: None,
             interpolation: Interpolation::Bilinear,
             antialias: true,
+        }
+    }
+
+    /// Bilinear, anti-aliased resize of the shorter side to `size` (torchvision's
+    /// `Resize(size)` with an int, as in the ImageNet eval transform `Resize(256)`).
+    pub fn shorter_side(size: usize) -> Resize {
+        Resize {
+            shorter_side: Some(size),
+            ..Resize::new(size, size)
+        }
+    }
+
+    /// The output `(height, width)` for a `w` x `h` input.
+    pub fn output_size(&self, w: usize, h: usize) -> (usize, usize) {
+        match self.shorter_side {
+            None => (self.height, self.width),
+            Some(s) if w <= h => ((s as f64 * h as f64 / w as f64) as usize, s),
+            Some(s) => (s, (s as f64 * w as f64 / h as f64) as usize),
         }
     }
 
@@ -125,6 +148,16 @@ impl Resize {
     pub fn apply(&self, image: &Tensor) -> Result<Tensor, Error> {
         let img = ImageRef::from_tensor(image, "resize")?;
         let b = [0.0, 0.0, img.w as f64, img.h as f64];
+        if self.shorter_side.is_some() {
+            let (height, width) = self.output_size(img.w, img.h);
+            let exact = Resize {
+                height,
+                width,
+                shorter_side: None,
+                ..self.clone()
+            };
+            return exact.apply_box(img, b, "resize");
+        }
         self.apply_box(img, b, "resize")
     }
 
@@ -171,6 +204,11 @@ struct Weights {
     /// `ksize` weights per output pixel.
     k: Vec<i32>,
     ksize: usize,
+    /// The same weights as fixed-length windows of `ksize` taps that all lie inside the
+    /// source (shifted left at the far edge, zero weights outside the span): a loop of
+    /// known length without bounds checks. `None` when the source is shorter than
+    /// `ksize`.
+    fixed: Option<Vec<(usize, usize)>>,
 }
 
 fn weights(
@@ -216,7 +254,56 @@ fn weights(
         }
         bounds.push((xmin, n));
     }
-    Weights { bounds, k, ksize }
+    let mut w = Weights {
+        bounds,
+        k,
+        ksize,
+        fixed: None,
+    };
+    w.fix(in_size);
+    w
+}
+
+impl Weights {
+    /// Builds `fixed`: (window start, offset of the first real tap in the window).
+    fn fix(&mut self, in_size: usize) {
+        if in_size < self.ksize {
+            return;
+        }
+        let mut fixed = Vec::with_capacity(self.bounds.len());
+        for (xx, &(xmin, n)) in self.bounds.iter().enumerate() {
+            let start = xmin.min(in_size - self.ksize);
+            let shift = xmin - start;
+            let row = &mut self.k[xx * self.ksize..(xx + 1) * self.ksize];
+            // Taps beyond `n` are already zero; move the real ones right by `shift`.
+            row.copy_within(0..n, shift);
+            row[..shift].fill(0);
+            fixed.push((start, shift));
+        }
+        // The windows now carry their weights at `shift..shift + n`; record the new
+        // layout so that the variable-length path still reads them right.
+        for (b, &(_, shift)) in self.bounds.iter_mut().zip(&fixed) {
+            b.0 -= shift;
+            b.1 += shift;
+        }
+        self.fixed = Some(fixed);
+    }
+}
+
+/// One output pixel of `C` channels from a window of `K` taps.
+#[inline(always)]
+fn window<const K: usize, const C: usize>(px: &[u8], k: &[i32], o: &mut [u8]) {
+    let px = &px[..K * C];
+    let k = &k[..K];
+    let mut acc = [HALF; 4];
+    for j in 0..K {
+        for l in 0..C {
+            acc[l] += px[j * C + l] as i32 * k[j];
+        }
+    }
+    for l in 0..C {
+        o[l] = clip8(acc[l]);
+    }
 }
 
 #[inline(always)]
@@ -226,8 +313,152 @@ fn clip8(acc: i32) -> u8 {
 
 const HALF: i32 = 1 << (PRECISION_BITS - 1);
 
+/// The passes are written so that the compiler vectorises them; on x86-64 they are also
+/// compiled for AVX2 (8 lanes of 32-bit multiplies, which the SSE2 baseline lacks) and
+/// picked at run time. Same arithmetic, same results.
+macro_rules! dispatch {
+    ($name:ident, $imp:ident, $avx:ident, ($($arg:ident: $ty:ty),*)) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        fn $avx($($arg: $ty),*) -> Vec<u8> {
+            $imp($($arg),*)
+        }
+
+        fn $name($($arg: $ty),*) -> Vec<u8> {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2, checked just above.
+                return unsafe { $avx($($arg),*) };
+            }
+            $imp($($arg),*)
+        }
+    };
+}
+
+dispatch!(horizontal_direct, horizontal_impl, horizontal_avx2,
+    (src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w: usize));
+dispatch!(vertical, vertical_impl, vertical_avx2, (src: ImageRef<'_>, wt: &Weights, out_h: usize));
+
 /// Horizontal pass over rows `y0..y1` of `src` into a `(y1 - y0) x out_w` buffer.
+///
+/// A horizontal filter over interleaved channels does not vectorise, a vertical one does
+/// (each tap is a whole row times one weight). For images of any size the rows are
+/// therefore transposed, filtered vertically, and transposed back: the same sums in the
+/// same order, so the same bytes, in about half the time.
 fn horizontal(src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w: usize) -> Vec<u8> {
+    let rows = y1 - y0;
+    if rows < 8 || src.w < 8 {
+        return horizontal_direct(src, y0, y1, wt, out_w);
+    }
+    let c = src.c;
+    // Only the columns the weights read: a crop's, not the whole image's.
+    let x0 = wt.bounds.first().map_or(0, |b| b.0);
+    let x1 = wt.bounds.last().map_or(src.w, |b| b.0 + b.1).max(x0 + 1);
+    let t = transpose_cols(src, y0, y1, x0, x1);
+    let shifted;
+    let wt = if x0 == 0 {
+        wt
+    } else {
+        shifted = Weights {
+            bounds: wt.bounds.iter().map(|&(s, n)| (s - x0, n)).collect(),
+            k: wt.k.clone(),
+            ksize: wt.ksize,
+            fixed: None,
+        };
+        &shifted
+    };
+    let tv = vertical(
+        ImageRef {
+            data: &t,
+            h: x1 - x0,
+            w: rows,
+            c,
+        },
+        wt,
+        out_w,
+    );
+    let back = ImageRef {
+        data: &tv,
+        h: out_w,
+        w: rows,
+        c,
+    };
+    transpose_cols(back, 0, out_w, 0, rows)
+}
+
+/// Rows `y0..y1`, columns `x0..x1` of `src` with the axes swapped (pixels of `c` bytes),
+/// in cache-sized tiles: the result has `x1 - x0` rows of `y1 - y0` pixels.
+fn transpose_cols(src: ImageRef<'_>, y0: usize, y1: usize, x0: usize, x1: usize) -> Vec<u8> {
+    let (w, c) = (src.w, src.c);
+    let h = y1 - y0;
+    let mut out = vec![0u8; (x1 - x0) * h * c];
+    const T: usize = 16;
+    for by in (y0..y1).step_by(T) {
+        for bx in (x0..x1).step_by(T) {
+            for y in by..(by + T).min(y1) {
+                let row = &src.data[y * w * c..(y + 1) * w * c];
+                let yy = y - y0;
+                let xs = bx..(bx + T).min(x1);
+                match c {
+                    3 => {
+                        for x in xs {
+                            let d = ((x - x0) * h + yy) * 3;
+                            let p = &row[x * 3..x * 3 + 3];
+                            let o = &mut out[d..d + 3];
+                            o[0] = p[0];
+                            o[1] = p[1];
+                            o[2] = p[2];
+                        }
+                    }
+                    1 => {
+                        for x in xs {
+                            out[(x - x0) * h + yy] = row[x];
+                        }
+                    }
+                    _ => {
+                        for x in xs {
+                            let d = ((x - x0) * h + yy) * c;
+                            out[d..d + c].copy_from_slice(&row[x * c..x * c + c]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[inline(always)]
+fn horizontal_impl(src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w: usize) -> Vec<u8> {
+    if let Some(fixed) = &wt.fixed {
+        macro_rules! fixed_pass {
+            ($k:literal, $c:literal) => {{
+                let mut out = vec![0u8; (y1 - y0) * out_w * $c];
+                for (orow, y) in out.chunks_exact_mut(out_w * $c).zip(y0..y1) {
+                    let row = src.row(y);
+                    for ((o, &(start, _)), k) in orow
+                        .chunks_exact_mut($c)
+                        .zip(fixed)
+                        .zip(wt.k.chunks_exact($k))
+                    {
+                        window::<$k, $c>(&row[start * $c..], k, o);
+                    }
+                }
+                return out;
+            }};
+        }
+        match (wt.ksize, src.c) {
+            (3, 3) => fixed_pass!(3, 3),
+            (5, 3) => fixed_pass!(5, 3),
+            (7, 3) => fixed_pass!(7, 3),
+            (9, 3) => fixed_pass!(9, 3),
+            (3, 1) => fixed_pass!(3, 1),
+            (5, 1) => fixed_pass!(5, 1),
+            (7, 1) => fixed_pass!(7, 1),
+            (9, 1) => fixed_pass!(9, 1),
+            _ => {}
+        }
+    }
     let c = src.c;
     let mut out = vec![0u8; (y1 - y0) * out_w * c];
     for (oy, y) in (y0..y1).enumerate() {
@@ -239,15 +470,18 @@ fn horizontal(src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w: usiz
             let o = &mut orow[xx * c..(xx + 1) * c];
             match c {
                 3 => {
-                    let (mut a, mut b, mut d) = (HALF, HALF, HALF);
+                    // Four lanes (the fourth idle) so that one vector multiply-add
+                    // serves a pixel.
+                    let mut acc = [HALF; 4];
                     for (p, &w) in px.chunks_exact(3).zip(k) {
-                        a += p[0] as i32 * w;
-                        b += p[1] as i32 * w;
-                        d += p[2] as i32 * w;
+                        let v = [p[0] as i32, p[1] as i32, p[2] as i32, 0];
+                        for l in 0..4 {
+                            acc[l] += v[l] * w;
+                        }
                     }
-                    o[0] = clip8(a);
-                    o[1] = clip8(b);
-                    o[2] = clip8(d);
+                    o[0] = clip8(acc[0]);
+                    o[1] = clip8(acc[1]);
+                    o[2] = clip8(acc[2]);
                 }
                 1 => {
                     let mut a = HALF;
@@ -274,7 +508,8 @@ fn horizontal(src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w: usiz
 }
 
 /// Vertical pass: `src` rows are already offset so that bounds index into them.
-fn vertical(src: ImageRef<'_>, wt: &Weights, out_h: usize) -> Vec<u8> {
+#[inline(always)]
+fn vertical_impl(src: ImageRef<'_>, wt: &Weights, out_h: usize) -> Vec<u8> {
     let stride = src.w * src.c;
     let mut out = vec![0u8; out_h * stride];
     let mut acc = vec![0i32; stride];
