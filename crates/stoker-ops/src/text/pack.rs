@@ -19,7 +19,7 @@
 //! belongs to.
 
 use serde::{Deserialize, Serialize};
-use stoker_core::{Error, Tensor};
+use stoker_core::{DType, Error, Tensor, Value};
 
 /// What [`Packer::finish`] does with a last, partly filled block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -255,6 +255,69 @@ impl Packer {
         out
     }
 
+    /// [`Packer::push`] for a document's ids as a pipeline holds them: a 1-d integer
+    /// tensor (what [`crate::text::Tokenize`] makes, without padding) or a list of `Int`
+    /// (a pre-tokenized Parquet or JSON column). Ids must fit `u32`.
+    pub fn push_value(&mut self, ids: &Value) -> Result<Vec<Block>, Error> {
+        let wide: Vec<i64> = match ids {
+            Value::Tensor(t) if t.shape().len() == 1 => match t.dtype() {
+                DType::I64 => t.to_vec::<i64>().unwrap_or_default(),
+                DType::I32 => t
+                    .to_vec::<i32>()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(i64::from)
+                    .collect(),
+                DType::I16 => t
+                    .to_vec::<i16>()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(i64::from)
+                    .collect(),
+                DType::U8 => t
+                    .to_vec::<u8>()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(i64::from)
+                    .collect(),
+                d => {
+                    return Err(Error::operator(format!(
+                        "pack: ids are a {d} tensor, expected integers"
+                    )))
+                }
+            },
+            Value::List(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_int().ok_or_else(|| {
+                        Error::operator(format!("pack: id {i} is {}, expected an int", v.kind()))
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            other => {
+                return Err(Error::operator(format!(
+                    "pack: ids are {} {}, expected a 1-d integer tensor or a list of ints",
+                    if let Value::Tensor(t) = other {
+                        format!("a tensor of shape {:?},", t.shape())
+                    } else {
+                        "a".into()
+                    },
+                    other.kind()
+                )))
+            }
+        };
+        let ids = wide
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                u32::try_from(x)
+                    .map_err(|_| Error::operator(format!("pack: id {i} ({x}) is not a token id")))
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
+        Ok(self.push(&ids))
+    }
+
     /// Ends the stream: the partial block under the remainder policy (`None` if nothing
     /// is pending or the policy drops it). The packer is empty afterwards; document
     /// indices go on counting.
@@ -351,6 +414,36 @@ mod tests {
         assert_eq!(t.segment_ids.to_vec::<i64>().unwrap(), vec![0, 0, -1, -1]);
         assert_eq!(t.attention_mask.to_vec::<i64>().unwrap(), vec![1, 1, 0, 0]);
         assert_eq!(t.cu_seqlens.to_vec::<i32>().unwrap(), vec![0, 2]);
+    }
+
+    #[test]
+    fn ids_from_tensors_and_lists() {
+        let mut p = Packer::new(PackerParams::new(3)).unwrap();
+        let t = Value::Tensor(Tensor::from_slice(vec![2], &[5i32, 6]).unwrap());
+        assert!(p.push_value(&t).unwrap().is_empty());
+        let l = Value::List(vec![Value::Int(7), Value::Int(8)]);
+        let b = p.push_value(&l).unwrap();
+        assert_eq!(b[0].input_ids, vec![5, 6, 7]);
+        assert_eq!(p.pending(), &[8]);
+        let bad = [
+            (
+                Value::List(vec![Value::Int(-1)]),
+                "id 0 (-1) is not a token id",
+            ),
+            (Value::List(vec![Value::Null]), "id 0 is null"),
+            (Value::Tensor(Tensor::scalar(1i64)), "shape []"),
+            (
+                Value::Tensor(Tensor::from_slice(vec![1], &[1f32]).unwrap()),
+                "float32",
+            ),
+            (Value::from("text"), "are a str"),
+        ];
+        for (v, want) in bad {
+            let e = p.push_value(&v).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        // Refused ids leave the state alone.
+        assert_eq!(p.pending(), &[8]);
     }
 
     #[test]
