@@ -8,7 +8,7 @@
 //!
 //! The corpus is a deterministic mix of English-like paragraphs (40-160 words) with numbers,
 //! punctuation and some accented, CJK and emoji text. `--dump` writes it as JSON lines (one
-//! string per line) so `text_tokenize_python.py` can time Python `tokenizers` on the same
+//! string per line) so `text_tokenize.py` (beside this file) can time Python `tokenizers` on the same
 //! texts. Timings are wall clock over whole rounds; the best round is reported.
 
 use std::time::Instant;
