@@ -169,6 +169,26 @@ fn bad_parameters_are_refused_at_construction() {
     assert!(e.message.contains("/nonexistent/tokenizer.json"), "{e}");
     let e = Tokenize::from_json(b"{not json", TokenizeParams::new()).unwrap_err();
     assert!(e.message.starts_with("tokenize: cannot load"), "{e}");
+    // Without the template a limit below its size is fine (the ids are cut as Python
+    // cuts them: the first max_length).
+    let t = bert(
+        TokenizeParams::new()
+            .add_special_tokens(false)
+            .max_length(Some(1)),
+    );
+    assert_eq!(
+        t.encode_ids(&Value::from("hello world")).unwrap(),
+        vec![7592]
+    );
+    let t = bert(
+        TokenizeParams::new()
+            .add_special_tokens(false)
+            .max_length(Some(0)),
+    );
+    assert_eq!(
+        t.encode_ids(&Value::from("hello world")).unwrap(),
+        Vec::<u32>::new()
+    );
     // Exactly the template: every text becomes [CLS] [SEP].
     let t = bert(TokenizeParams::new().max_length(Some(2)));
     assert_eq!(

@@ -154,8 +154,8 @@ pub struct Tokenized {
 pub struct Tokenize {
     tokenizer: Tokenizer,
     params: TokenizeParams,
-    /// The length limit handed to the tokenizer (without explicit BOS/EOS).
-    limit: Option<usize>,
+    /// Ids to keep when truncating without the template (the tokenizer truncates with it).
+    cut: Option<usize>,
 }
 
 impl Tokenize {
@@ -213,8 +213,17 @@ impl Tokenize {
             None => None,
         };
         tokenizer.with_padding(None);
+        // With the template, the tokenizer truncates (it knows how many ids the template
+        // adds). Without it, keeping the first `limit` ids is what its truncation would do;
+        // we cut ourselves because `with_truncation` subtracts the template's size even
+        // when it will not be applied (and underflows below it).
+        let (in_tokenizer, cut) = if params.add_special_tokens {
+            (limit, None)
+        } else {
+            (None, limit)
+        };
         tokenizer
-            .with_truncation(limit.map(|max_length| TruncationParams {
+            .with_truncation(in_tokenizer.map(|max_length| TruncationParams {
                 max_length,
                 strategy: TruncationStrategy::LongestFirst,
                 stride: 0,
@@ -224,7 +233,7 @@ impl Tokenize {
         Ok(Tokenize {
             tokenizer,
             params,
-            limit,
+            cut,
         })
     }
 
@@ -324,11 +333,11 @@ impl Tokenize {
             .encode_fast(text, self.params.add_special_tokens)
             .map_err(|e| Error::operator(format!("tokenize: field '{field}'{}: {e}", at(row))))?;
         let body = enc.get_ids();
+        let body = &body[..self.cut.map_or(body.len(), |c| c.min(body.len()))];
         let mut ids = Vec::with_capacity(body.len() + 2);
         ids.extend(self.params.bos_id);
         ids.extend_from_slice(body);
         ids.extend(self.params.eos_id);
-        debug_assert!(self.limit.is_none_or(|l| body.len() <= l));
         Ok(ids)
     }
 
