@@ -329,6 +329,31 @@ impl Batch {
         self.fields.iter().map(|(k, v)| (k, v))
     }
 
+    /// Sets the column `name` (replacing one of that name). A column holds one value per
+    /// sample: a list of `len` values, or a tensor whose first dimension is `len`;
+    /// anything else is an error.
+    pub fn insert(&mut self, name: impl Into<Arc<str>>, column: Value) -> Result<(), Error> {
+        let name = name.into();
+        let rows = match &column {
+            Value::List(l) => Some(l.len()),
+            Value::Tensor(t) => t.shape().first().copied(),
+            _ => None,
+        };
+        if rows != Some(self.len) {
+            return Err(Error::invalid(format!(
+                "column {name:?} must hold {} rows (a list, or a tensor with a leading batch \
+                 axis), not a {}",
+                self.len,
+                column.kind()
+            )));
+        }
+        match self.fields.iter_mut().find(|(k, _)| *k == name) {
+            Some((_, v)) => *v = column,
+            None => self.fields.push((name, column)),
+        }
+        Ok(())
+    }
+
     /// Approximate bytes held.
     pub fn size_bytes(&self) -> usize {
         self.fields.iter().map(|(_, v)| v.size_bytes()).sum()

@@ -1347,12 +1347,23 @@ impl TailRun<'_> {
                         }
                     }
                 }
-                Flow::Batch(..) => {
-                    err = Some(Error::invalid(format!(
-                        "{} is a per-sample operator but receives batches (put it before \
-                         batch)",
-                        op.meta().name
-                    )))
+                Flow::Batch(b, positions, hold) => {
+                    let first = positions.first().copied().unwrap_or(Pos {
+                        shard: 0,
+                        record: 0,
+                    });
+                    let mut cx = OpContext::new(seed, epoch, first.shard, first.record, *idx);
+                    match op.apply_batch(b, &mut cx) {
+                        Some(Ok(b)) => outs.push(Flow::Batch(b, positions, hold)),
+                        Some(Err(e)) => err = Some(e.with_stage(op.meta().name)),
+                        None => {
+                            err = Some(Error::invalid(format!(
+                                "{} is a per-sample operator but receives batches (put it \
+                                 before batch)",
+                                op.meta().name
+                            )))
+                        }
+                    }
                 }
             },
             Stage::Shuffle { size, buf, emitted } => match item {

@@ -11,7 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use stoker_core::{DType, Error, OpMeta, Sample, Tensor, Value};
+use stoker_core::{Batch, DType, Error, OpMeta, Sample, Tensor, Value};
 
 use crate::rng::Rng;
 
@@ -52,6 +52,12 @@ pub trait SampleOp: Send + Sync + fmt::Debug {
 
     /// The spec operator this is, if it is one (the optimizer fuses some pairs of them).
     fn as_builtin(&self) -> Option<&Builtin> {
+        None
+    }
+
+    /// Transforms a whole batch, column-wise, for operators that can (placed after a
+    /// `batch`); `None` when the operator works only per sample.
+    fn apply_batch(&self, _batch: Batch, _ctx: &mut OpContext) -> Option<Result<Batch, Error>> {
         None
     }
 }
@@ -340,6 +346,114 @@ pub enum Builtin {
         #[serde(default = "crate::image_ops::yes")]
         scale: bool,
     },
+    /// Tokenizes the text in `field` with a Hugging Face `tokenizer.json` into
+    /// `input_ids` and `attention_mask` (the same ids as the Python `tokenizers` package).
+    /// Per sample: 1-D tensors (of `pad_to` length when set). After a `batch`: the text
+    /// column becomes `[N, L]` tensors, padded to `pad_to` or to the longest row.
+    Tokenize {
+        /// The text field (text, or bytes holding UTF-8).
+        field: String,
+        /// Path of the `tokenizer.json`.
+        tokenizer: String,
+        /// Truncate to this many tokens (special tokens included).
+        #[serde(default)]
+        max_length: Option<usize>,
+        /// Pad to this many tokens.
+        #[serde(default)]
+        pad_to: Option<usize>,
+        /// The padding id (default 0).
+        #[serde(default)]
+        pad_id: u32,
+        /// `right` (default) or `left`.
+        #[serde(default)]
+        pad_side: Option<String>,
+        /// The tokenizer's own special tokens ([CLS]/[SEP], ...) (default true).
+        #[serde(default = "crate::image_ops::yes")]
+        add_special_tokens: bool,
+        /// An id put first.
+        #[serde(default)]
+        bos_id: Option<u32>,
+        /// An id put last.
+        #[serde(default)]
+        eos_id: Option<u32>,
+        /// Output field of the ids (default `input_ids`).
+        #[serde(default)]
+        ids_field: Option<String>,
+        /// Output field of the mask (default `attention_mask`).
+        #[serde(default)]
+        mask_field: Option<String>,
+        /// `int64` (default) or `int32`.
+        #[serde(default)]
+        dtype: Option<String>,
+    },
+    /// Replaces nulls (and NaN) in `field` with `value`.
+    FillNull {
+        /// The field.
+        field: String,
+        /// A number, an integer or a string.
+        value: crate::column_ops::FillValue,
+    },
+    /// `ln(1 + x)` as float32; a negative value is an error, or 0 with `negative = "clamp"`.
+    Log1p {
+        /// The field.
+        field: String,
+        /// `error` (default) or `clamp`.
+        #[serde(default)]
+        negative: Option<String>,
+    },
+    /// Clips to `[min, max]`, as float32.
+    Clip {
+        /// The field.
+        field: String,
+        /// Lower bound.
+        #[serde(default)]
+        min: Option<f64>,
+        /// Upper bound.
+        #[serde(default)]
+        max: Option<f64>,
+    },
+    /// `(x - mean) / std` with precomputed statistics, as float32.
+    Standardize {
+        /// The field.
+        field: String,
+        /// Mean.
+        mean: f64,
+        /// Standard deviation (positive).
+        std: f64,
+    },
+    /// Bucket index (int64) among sorted `boundaries`, as `torch.bucketize(right=False)`.
+    Bucketize {
+        /// The field.
+        field: String,
+        /// Sorted boundaries.
+        boundaries: Vec<f64>,
+    },
+    /// Hashes strings or integers into `buckets` buckets (int64): `xxh64(text, seed) %
+    /// buckets`, integers hashed as their decimal text.
+    HashBucket {
+        /// The field.
+        field: String,
+        /// Number of buckets.
+        buckets: u64,
+        /// Hash seed (default 0).
+        #[serde(default)]
+        seed: u64,
+    },
+    /// Index (int64) of each value in a vocabulary; `oov_index` (default: its size) for
+    /// values not in it.
+    VocabLookup {
+        /// The field.
+        field: String,
+        /// The vocabulary, in index order.
+        #[serde(default)]
+        vocab: Option<Vec<String>>,
+        /// Or a file of one token per line.
+        #[serde(default)]
+        vocab_file: Option<String>,
+        /// Index of unknown values.
+        #[serde(default)]
+        oov_index: Option<i64>,
+    },
 }
 
 impl Builtin {
@@ -367,6 +481,14 @@ impl Builtin {
             Builtin::RandomGrayscale { field, .. } => format!("random_grayscale({field})"),
             Builtin::GaussianBlur { field, .. } => format!("gaussian_blur({field})"),
             Builtin::ImageToTensor { field, .. } => format!("image_to_tensor({field})"),
+            Builtin::Tokenize { field, .. } => format!("tokenize({field})"),
+            Builtin::FillNull { field, .. } => format!("fill_null({field})"),
+            Builtin::Log1p { field, .. } => format!("log1p({field})"),
+            Builtin::Clip { field, .. } => format!("clip({field})"),
+            Builtin::Standardize { field, .. } => format!("standardize({field})"),
+            Builtin::Bucketize { field, .. } => format!("bucketize({field})"),
+            Builtin::HashBucket { field, .. } => format!("hash_bucket({field})"),
+            Builtin::VocabLookup { field, .. } => format!("vocab_lookup({field})"),
         }
     }
 
@@ -380,6 +502,7 @@ impl Builtin {
                 Err(Error::invalid("random_int: `below` must be at least 1"))
             }
             b if crate::image_ops::is_image_op(b) => crate::image_ops::validate(b),
+            b if crate::column_ops::is_column_op(b) => crate::column_ops::validate(b),
             _ => Ok(()),
         }
     }
@@ -403,6 +526,7 @@ impl SampleOp for Builtin {
             | Builtin::RandomGrayscale { .. }
             | Builtin::GaussianBlur { .. } => m.random().with_cost_ns(500_000.0),
             b if crate::image_ops::is_image_op(b) => m.with_cost_ns(200_000.0),
+            Builtin::Tokenize { .. } => m.with_cost_ns(300_000.0),
             Builtin::DecodeUtf8 { .. } => m.with_cost_ns(100.0).with_size_ratio(1.0),
             Builtin::FilterLen { .. } => m.filter().with_cost_ns(10.0).with_size_ratio(1.0),
             _ => m.with_cost_ns(20.0).with_size_ratio(1.0),
@@ -413,7 +537,15 @@ impl SampleOp for Builtin {
         Some(self)
     }
 
+    fn apply_batch(&self, batch: Batch, _ctx: &mut OpContext) -> Option<Result<Batch, Error>> {
+        crate::column_ops::is_column_op(self)
+            .then(|| crate::column_ops::apply_batch(self, batch))
+    }
+
     fn apply(&self, mut s: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {
+        if crate::column_ops::is_column_op(self) {
+            return crate::column_ops::apply(self, s).map(Some);
+        }
         if crate::image_ops::is_image_op(self) {
             return crate::image_ops::apply(self, s, ctx)
                 .expect("an image operator")
