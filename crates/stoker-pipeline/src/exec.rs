@@ -746,6 +746,24 @@ impl Iterator for Run {
     }
 }
 
+impl Run {
+    /// Like [`Iterator::next`], but waits at most `timeout` for the next item: `None` when
+    /// none arrived in time, and then the run is as it was (call again). For consumers that
+    /// must stay responsive while they wait, such as the Python binding, which checks for
+    /// Ctrl-C between waits.
+    pub fn next_timeout(&mut self, timeout: Duration) -> Option<Option<Result<Item, Error>>> {
+        if !self.done && self.ready.is_empty() {
+            match self.out.recv_timeout(timeout) {
+                Ok(chunk) => self.ready.extend(chunk),
+                Err(RecvTimeoutError::Timeout) => return None,
+                // `next` sees the closed queue at once and ends the run.
+                Err(RecvTimeoutError::Disconnected) => {}
+            }
+        }
+        Some(self.next())
+    }
+}
+
 impl Drop for Run {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);

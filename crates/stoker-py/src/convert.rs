@@ -1,0 +1,165 @@
+//! Samples between Stoker and Python.
+//!
+//! Out (engine to Python), a sample or a batch is a `dict` of its fields in order:
+//!
+//! | `Value` | Python |
+//! |---|---|
+//! | `Bytes` | `memoryview` (read-only, zero-copy; see `buffer`) |
+//! | `Tensor` | `numpy.ndarray` (read-only, zero-copy) |
+//! | `Str` | `str` |
+//! | `Int` / `Float` | `int` / `float` |
+//! | `List` | `list` |
+//! | `Null` | `None` |
+//!
+//! In (`from_samples`), the reverse, copying: `bytes`-like objects become `Bytes`, NumPy
+//! arrays tensors, `bool` an integer.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple,
+};
+use stoker_core::{DType, Sample, Tensor, Value};
+use stoker_pipeline::Item;
+
+use crate::buffer::{memoryview, ndarray};
+
+/// One value as a Python object.
+pub(crate) fn value_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Value::Bytes(b) => memoryview(py, b.clone())?,
+        Value::Tensor(t) => ndarray(py, t)?,
+        Value::Str(s) => PyString::new(py, s).into_any(),
+        Value::Int(i) => i.into_pyobject(py)?.into_any(),
+        Value::Float(f) => PyFloat::new(py, *f).into_any(),
+        Value::List(items) => {
+            let list = PyList::empty(py);
+            for it in items {
+                list.append(value_to_py(py, it)?)?;
+            }
+            list.into_any()
+        }
+        Value::Null => py.None().into_bound(py),
+    })
+}
+
+/// A sample or a batch as a `dict` of its fields.
+pub(crate) fn item_to_py<'py>(py: Python<'py>, item: &Item) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    match item {
+        Item::Sample(s) => {
+            for (k, v) in s.iter() {
+                d.set_item(&**k, value_to_py(py, v)?)?;
+            }
+        }
+        Item::Batch(b) => {
+            for (k, v) in b.iter() {
+                d.set_item(&**k, value_to_py(py, v)?)?;
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// The dtype of a NumPy type string (`<f4`, `|u1`, ...).
+fn dtype_of(typestr: &str) -> PyResult<DType> {
+    let (order, code) = typestr.split_at(1.min(typestr.len()));
+    if order == ">" && !code.ends_with('1') {
+        return Err(PyValueError::new_err(format!(
+            "big-endian arrays ({typestr}) are not supported: convert with \
+             .astype('<{code}') first"
+        )));
+    }
+    Ok(match code {
+        "u1" | "b1" => DType::U8,
+        "i2" => DType::I16,
+        "i4" => DType::I32,
+        "i8" => DType::I64,
+        "f2" => DType::F16,
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "arrays of dtype {typestr} cannot become Stoker tensors (uint8, bool, int16, \
+                 int32, int64, float16, float32, float64)"
+            )))
+        }
+    })
+}
+
+/// A Python object as a `Value` (copying).
+pub(crate) fn py_to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+    let py = obj.py();
+    if obj.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(Value::Int(b.is_true() as i64));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        return Ok(Value::Int(obj.extract::<i64>()?));
+    }
+    if obj.is_instance_of::<PyFloat>() {
+        return Ok(Value::Float(obj.extract::<f64>()?));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Value::Str(Arc::from(s.to_str()?)));
+    }
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(Value::Bytes(Bytes::copy_from_slice(b.as_bytes())));
+    }
+    if let Ok(b) = obj.cast::<PyByteArray>() {
+        return Ok(Value::Bytes(Bytes::from(b.to_vec())));
+    }
+    if let Ok(l) = obj.cast::<PyList>() {
+        return l
+            .iter()
+            .map(|x| py_to_value(&x))
+            .collect::<PyResult<_>>()
+            .map(Value::List);
+    }
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return t
+            .iter()
+            .map(|x| py_to_value(&x))
+            .collect::<PyResult<_>>()
+            .map(Value::List);
+    }
+    if obj.hasattr("__array_interface__")? && obj.hasattr("tobytes")? {
+        let typestr: String = obj.getattr("dtype")?.getattr("str")?.extract()?;
+        let dtype = dtype_of(&typestr)?;
+        let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
+        let raw = obj.call_method0("tobytes")?;
+        let data = Bytes::copy_from_slice(raw.cast::<PyBytes>()?.as_bytes());
+        return Tensor::new(dtype, shape, data)
+            .map(Value::Tensor)
+            .map_err(|e| PyValueError::new_err(e.message));
+    }
+    if let Ok(buf) = PyBuffer::<u8>::get(obj) {
+        return Ok(Value::Bytes(Bytes::from(buf.to_vec(py)?)));
+    }
+    Err(PyTypeError::new_err(format!(
+        "a sample field cannot be of type {} (bytes, str, int, float, bool, None, list, \
+         tuple or a NumPy array)",
+        obj.get_type().name()?
+    )))
+}
+
+/// A `dict` as a sample.
+pub(crate) fn py_to_sample(obj: &Bound<'_, PyAny>) -> PyResult<Sample> {
+    let d = obj
+        .cast::<PyDict>()
+        .map_err(|_| PyTypeError::new_err("every sample must be a dict of fields"))?;
+    let mut s = Sample::with_capacity(d.len());
+    for (k, v) in d.iter() {
+        let name: String = k
+            .extract()
+            .map_err(|_| PyTypeError::new_err("sample field names must be str"))?;
+        s.insert(name, py_to_value(&v)?);
+    }
+    Ok(s)
+}

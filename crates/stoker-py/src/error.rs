@@ -1,0 +1,135 @@
+//! Errors cross into Python here, and only here, as the exception class their kind calls
+//! for:
+//!
+//! | Stoker error | Python exception |
+//! |---|---|
+//! | a bad record, an operator failing on a sample | [`DataError`] (a `ValueError`) |
+//! | a missing object or an empty prefix | `FileNotFoundError` |
+//! | credentials refused | `PermissionError` |
+//! | any other storage failure (after the store's retries) | `OSError` |
+//! | a mistake in the pipeline, a spec or an option | `ValueError` |
+//!
+//! The message is the engine's, which names the object, the byte offset, the record and the
+//! format or operator; the same context is set as attributes (`kind`, `object`, `offset`,
+//! `record`, `stage`; `None` when unknown).
+//!
+//! `stoker_core::Error` has no "not found" or "permission" kind: a storage failure carries
+//! the store's message. The two are recognised by the store's own wording
+//! (`stoker_store::Error`'s `Display`), in [`storage_class`] alone. The store classifies
+//! a refused HEAD or GET as `PermissionDenied`, but a refused listing reaches it from
+//! `object_store` as a generic error carrying the HTTP status and the S3 error code, so
+//! those are recognised too.
+
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyOSError, PyPermissionError, PyRuntimeError, PyValueError,
+};
+use pyo3::prelude::*;
+use stoker_core::ErrorKind;
+
+pyo3::create_exception!(
+    _native,
+    DataError,
+    PyValueError,
+    "A bad record or an operator that failed on a sample. The message and the attributes \
+     `object`, `offset`, `record` and `stage` say where."
+);
+
+#[derive(Clone, Copy)]
+enum Class {
+    Data,
+    NotFound,
+    Permission,
+    Os,
+    Value,
+}
+
+/// The class of a storage failure, from the store's message.
+fn storage_class(message: &str) -> Class {
+    if message.starts_with("object not found: ") || message.starts_with("no objects under ") {
+        Class::NotFound
+    } else if message.starts_with("access denied to ")
+        || message.contains("403 Forbidden")
+        || message.contains("<Code>AccessDenied</Code>")
+        || message.contains("<Code>SignatureDoesNotMatch</Code>")
+        || message.contains("<Code>InvalidAccessKeyId</Code>")
+    {
+        Class::Permission
+    } else if message.starts_with("invalid store URL ") || message.starts_with("invalid option ") {
+        Class::Value
+    } else {
+        Class::Os
+    }
+}
+
+fn raise(
+    py: Python<'_>,
+    class: Class,
+    message: String,
+    kind: &str,
+    ctx: (Option<&str>, Option<u64>, Option<u64>, Option<&str>),
+) -> PyErr {
+    let err = match class {
+        Class::Data => DataError::new_err(message),
+        Class::NotFound => PyFileNotFoundError::new_err(message),
+        Class::Permission => PyPermissionError::new_err(message),
+        Class::Os => PyOSError::new_err(message),
+        Class::Value => PyValueError::new_err(message),
+    };
+    let v = err.value(py);
+    // Attributes are a convenience: an exception that refuses them still says it all in its
+    // message.
+    let _ = v.setattr("kind", kind);
+    let _ = v.setattr("object", ctx.0);
+    let _ = v.setattr("offset", ctx.1);
+    let _ = v.setattr("record", ctx.2);
+    let _ = v.setattr("stage", ctx.3);
+    err
+}
+
+/// A pipeline error as a Python exception.
+pub(crate) fn pipeline_error(py: Python<'_>, e: stoker_core::Error) -> PyErr {
+    let (class, kind) = match e.kind {
+        ErrorKind::Record => (Class::Data, "record"),
+        ErrorKind::Operator => (Class::Data, "operator"),
+        ErrorKind::Storage => (storage_class(&e.message), "storage"),
+        ErrorKind::Invalid => match storage_class(&e.message) {
+            Class::NotFound => (Class::NotFound, "invalid"),
+            _ => (Class::Value, "invalid"),
+        },
+        _ => (Class::Os, "other"),
+    };
+    let ctx = (e.object.as_deref(), e.offset, e.record, e.stage.as_deref());
+    raise(py, class, e.to_string(), kind, ctx)
+}
+
+/// A store error (from `stoker.io`) as a Python exception.
+pub(crate) fn store_error(py: Python<'_>, e: stoker_store::Error) -> PyErr {
+    use stoker_store::Error as E;
+    let (class, url, range) = match &e {
+        E::NotFound { url } => (Class::NotFound, Some(url.as_str()), None),
+        E::PermissionDenied { url, .. } => (Class::Permission, Some(url.as_str()), None),
+        E::InvalidUrl { url, .. } => (Class::Value, Some(url.as_str()), None),
+        E::InvalidOption { .. } => (Class::Value, None, None),
+        E::RangeOutOfBounds { url, range, .. } => {
+            (Class::Value, Some(url.as_str()), Some(range.start))
+        }
+        E::Read { url, range, .. } | E::ShortRead { url, range, .. } => {
+            (Class::Os, Some(url.as_str()), Some(range.start))
+        }
+        E::Changed { url, .. } | E::Request { url, .. } | E::Open { url, .. } => {
+            (Class::Os, Some(url.as_str()), None)
+        }
+        _ => (Class::Os, None, None),
+    };
+    let message = e.to_string();
+    let class = match (class, storage_class(&message)) {
+        (Class::Os, Class::Permission) => Class::Permission,
+        (c, _) => c,
+    };
+    raise(py, class, message, "storage", (url, range, None, None))
+}
+
+/// An internal failure (a thread that could not start, a channel closed early).
+pub(crate) fn internal(message: impl Into<String>) -> PyErr {
+    PyRuntimeError::new_err(message.into())
+}

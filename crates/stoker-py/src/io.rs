@@ -1,0 +1,178 @@
+//! `_native.ObjectFile`: one object read through the store (ranged reads, growing
+//! read-ahead on sequential reads, the block cache), for `stoker.io.open`, which wraps it in
+//! an `io.RawIOBase` and usually an `io.BufferedReader`.
+//!
+//! Reads run on one process-wide I/O runtime (two threads), created on first use and created
+//! again in a child after `fork()` (the parent's threads do not exist there; its runtime is
+//! forgotten, not shut down). The caller waits for each read in slices, so Ctrl-C
+//! interrupts it; an interrupted read finishes in the background, and the next read waits
+//! for it and then moves the reader back to the position Python last saw.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::prelude::*;
+use stoker_store::{ObjectReader, Store};
+
+use crate::error::{internal, store_error};
+use crate::pipeline::store_options;
+use crate::wait;
+
+static RUNTIME: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
+
+/// This process's I/O runtime.
+fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
+    let pid = std::process::id();
+    let mut slot = RUNTIME.lock();
+    match slot.as_ref() {
+        Some((p, rt)) if *p == pid => return Ok(rt.clone()),
+        Some(_) => {
+            // Inherited through fork(): its worker threads are not in this process.
+            if let Some(old) = slot.take() {
+                std::mem::forget(old);
+            }
+        }
+        None => {}
+    }
+    let rt = Arc::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("stoker-py-io")
+            .enable_all()
+            .build()
+            .map_err(|e| internal(format!("cannot start the I/O runtime: {e}")))?,
+    );
+    *slot = Some((pid, rt.clone()));
+    Ok(rt)
+}
+
+/// A seekable, read-only view of one object (see the module docs).
+#[pyclass(frozen, module = "stoker._native")]
+#[derive(Debug)]
+pub struct ObjectFile {
+    url: String,
+    size: u64,
+    reader: Arc<tokio::sync::Mutex<ObjectReader>>,
+    rt: Arc<tokio::runtime::Runtime>,
+    /// The position as of the last completed call.
+    pos: Mutex<u64>,
+}
+
+#[pymethods]
+impl ObjectFile {
+    /// Opens `url` with store options given as `(key, value)` pairs.
+    #[new]
+    fn new(py: Python<'_>, url: String, store: Vec<(String, String)>) -> PyResult<Self> {
+        let options = store_options(py, &store)?;
+        let rt = runtime()?;
+        let store = {
+            let _guard = rt.enter();
+            Store::open(&url, options).map_err(|e| store_error(py, e))?
+        };
+        let key = store.url_key().to_string();
+        if key.is_empty() || key.ends_with('/') {
+            return Err(PyValueError::new_err(format!(
+                "{url} names a prefix, not an object"
+            )));
+        }
+        let reader = wait::on_runtime(py, &rt, async move { store.reader(&key).await })?
+            .map_err(|e| store_error(py, e))?;
+        Ok(ObjectFile {
+            url,
+            size: reader.info().size,
+            reader: Arc::new(tokio::sync::Mutex::new(reader)),
+            rt,
+            pos: Mutex::new(0),
+        })
+    }
+
+    /// The object's URL.
+    #[getter]
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The object's size in bytes.
+    #[getter]
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The position.
+    fn tell(&self) -> u64 {
+        *self.pos.lock()
+    }
+
+    /// Moves to absolute position `pos` (past the end is allowed: reads there return
+    /// nothing).
+    fn seek(&self, pos: u64) -> u64 {
+        // The reader moves at the next read (where a seek within its read-ahead window
+        // keeps the fetches in flight).
+        *self.pos.lock() = pos;
+        pos
+    }
+
+    /// Reads into a writable buffer; returns the number of bytes read (0 at the end). May
+    /// read fewer bytes than the buffer holds, as a raw file may.
+    fn readinto(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let target = PyBuffer::<u8>::get(buf)?;
+        if target.readonly() {
+            return Err(PyBufferError::new_err("readinto needs a writable buffer"));
+        }
+        if !target.is_c_contiguous() {
+            return Err(PyBufferError::new_err("readinto needs a contiguous buffer"));
+        }
+        let want = target.len_bytes();
+        if want == 0 {
+            return Ok(0);
+        }
+        let reader = self.reader.clone();
+        let pos = *self.pos.lock();
+        let got = wait::on_runtime(py, &self.rt, async move {
+            let mut r = reader.lock().await;
+            r.seek(pos);
+            let out = r.read(want).await;
+            (out, r.position())
+        })?;
+        let (data, position) = (got.0.map_err(|e| store_error(py, e))?, got.1);
+        let n = data.len().min(want);
+        // SAFETY: `target` is a writable, C-contiguous buffer of `want` bytes that stays
+        // exported (so valid and unmoved) while `target` lives; `n <= want`. The GIL is held.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), target.buf_ptr() as *mut u8, n);
+        }
+        *self.pos.lock() = position;
+        Ok(n)
+    }
+
+    /// Reads at most `n` bytes (everything left for a negative `n`) as `bytes`.
+    #[pyo3(signature = (n=-1))]
+    fn read<'py>(&self, py: Python<'py>, n: i64) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let pos = *self.pos.lock();
+        let left = self.size.saturating_sub(pos) as usize;
+        let want = if n < 0 { left } else { (n as usize).min(left) };
+        let reader = self.reader.clone();
+        let got = wait::on_runtime(py, &self.rt, async move {
+            let mut r = reader.lock().await;
+            r.seek(pos);
+            let mut out = Vec::with_capacity(want);
+            while out.len() < want {
+                match r.read(want - out.len()).await {
+                    Ok(b) if b.is_empty() => break,
+                    Ok(b) => out.extend_from_slice(&b),
+                    Err(e) => return (Err(e), r.position()),
+                }
+            }
+            (Ok(out), r.position())
+        })?;
+        let data = got.0.map_err(|e| store_error(py, e))?;
+        *self.pos.lock() = got.1;
+        Ok(pyo3::types::PyBytes::new(py, &data))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<stoker ObjectFile {} ({} bytes)>", self.url, self.size)
+    }
+}

@@ -1,0 +1,298 @@
+"""Stoker keeps accelerators fed.
+
+Build a pipeline from a URL (or a spec, or samples in memory), chain operators, and
+iterate: the Rust engine reads, parses and transforms in parallel with the GIL released,
+and samples or batches arrive as dicts whose tensors are NumPy arrays and whose bytes are
+memoryviews over Stoker's own buffers, without a copy::
+
+    import stoker
+
+    p = (stoker.from_url("s3://bucket/train/", format="tar",
+                         endpoint="http://127.0.0.1:9000")
+         .shuffle_shards()
+         .map("to_tensor", field="npy", dtype="float32")
+         .shuffle(1000)
+         .batch(32)
+         .seed(1))
+    for batch in p:
+        ...
+
+Pipelines are immutable: every method returns a new pipeline. Iterating one starts a run
+(:class:`Run`) with ``stats()`` and ``state_dict()``; ``pipeline.resume(state)`` continues
+exactly where that run stopped. ``stoker.io.open(url)`` reads one object as a seekable file.
+See ``docs/python.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from . import _native, io
+from ._native import Buffer, DataError, Run
+from ._options import is_store_key, store_pairs, to_json
+
+__all__ = [
+    "Buffer",
+    "DataError",
+    "Pipeline",
+    "Run",
+    "from_samples",
+    "from_spec",
+    "from_url",
+    "io",
+]
+
+__version__: str = _native.__version__
+
+#: The record formats ``from_url`` reads.
+FORMATS = ("files", "imagefolder", "tar", "webdataset", "tfrecord", "parquet", "jsonl", "csv")
+
+
+class Pipeline:
+    """An immutable pipeline. Every method returns a new :class:`Pipeline`; the one it was
+    called on is unchanged and can be run or extended again.
+
+    Build one with :func:`from_url`, :func:`from_spec` or :func:`from_samples`.
+    """
+
+    __slots__ = ("_p",)
+
+    def __init__(self, native: _native.Pipeline) -> None:
+        if not isinstance(native, _native.Pipeline):
+            raise TypeError(
+                "build a Pipeline with stoker.from_url, stoker.from_spec or stoker.from_samples"
+            )
+        object.__setattr__(self, "_p", native)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Pipeline is immutable: its methods return new pipelines")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("Pipeline is immutable")
+
+    # Per-sample operators -------------------------------------------------------------
+
+    def map(self, op: str, /, **params: Any) -> Pipeline:
+        """Adds the native per-sample operator ``op`` with its parameters, exactly as a spec
+        file's ``[[ops]]`` entry names it: ``.map("decode_utf8", field="txt")`` is
+        ``{op = "decode_utf8", field = "txt"}``. Every operator the spec knows is available.
+        """
+        return Pipeline(self._p.op(to_json({"op": op, **params}), "map"))
+
+    def filter(self, op: str, /, **params: Any) -> Pipeline:
+        """Adds a native operator that may drop samples (``filter_len``), checking that it
+        is one: ``.filter("filter_len", field="txt", min=1)``."""
+        return Pipeline(self._p.op(to_json({"op": op, **params}), "filter"))
+
+    def apply(self, op: Mapping[str, Any], /) -> Pipeline:
+        """Adds any operator given as a spec entry (``{"op": "shuffle", "buffer": 100}``)."""
+        return Pipeline(self._p.op(to_json(dict(op)), "any"))
+
+    # Source settings ------------------------------------------------------------------
+
+    def glob(self, pattern: str) -> Pipeline:
+        """Only keys matching ``pattern`` (relative to the URL's prefix)."""
+        return Pipeline(self._p.glob(pattern))
+
+    def shuffle_shards(self, on: bool = True) -> Pipeline:
+        """Reads shards (objects) in a new seeded order every epoch; for formats with one
+        sample per object that is a full shuffle."""
+        return Pipeline(self._p.shuffle_shards(on))
+
+    def interleave(self, n: int) -> Pipeline:
+        """Reads ``n`` shards at once, one sample from each in turn."""
+        return Pipeline(self._p.interleave(n))
+
+    def shard(self, rank: int, world: int, policy: str = "drop") -> Pipeline:
+        """Keeps this data-parallel rank's share: ``"drop"`` gives every rank
+        floor(n / world) samples per epoch, ``"pad"`` ceil(n / world)."""
+        return Pipeline(self._p.shard(rank, world, policy))
+
+    # Tail operators -------------------------------------------------------------------
+
+    def shuffle(self, buffer: int) -> Pipeline:
+        """A seeded shuffle buffer of ``buffer`` samples (a new order every epoch)."""
+        return Pipeline(self._p.shuffle(buffer))
+
+    def batch(
+        self,
+        size: int,
+        drop_last: bool = False,
+        collate: str | Mapping[str, str] = "auto",
+        pad_value: float = 0.0,
+    ) -> Pipeline:
+        """Groups ``size`` samples into a batch: a dict of columns. ``collate`` is
+        ``"auto"`` (equal-shape tensors stacked, ints and floats become arrays, the rest
+        lists), ``"stack"`` (like auto, but ragged tensors are an error), ``"list"`` or
+        ``"pad"`` (ragged tensors padded with ``pad_value``); or a dict of per-field policies
+        (others ``"auto"``, or the dict's ``"*"`` entry)."""
+        if isinstance(collate, str):
+            default, fields = collate, []
+        else:
+            fields = [(str(k), str(v)) for k, v in collate.items() if k != "*"]
+            default = str(collate.get("*", "auto"))
+        return Pipeline(self._p.batch(size, drop_last, default, float(pad_value), fields))
+
+    def unbatch(self) -> Pipeline:
+        """Splits batches back into samples."""
+        return Pipeline(self._p.unbatch())
+
+    def take(self, n: int) -> Pipeline:
+        """At most ``n`` items per epoch."""
+        return Pipeline(self._p.take(n))
+
+    def skip(self, n: int) -> Pipeline:
+        """Skips the first ``n`` items of each epoch."""
+        return Pipeline(self._p.skip(n))
+
+    def cache(self) -> Pipeline:
+        """Keeps parsed records in memory after the first epoch (within half the memory
+        budget); later epochs neither fetch nor parse."""
+        return Pipeline(self._p.cache())
+
+    def prefetch(self, n: int) -> Pipeline:
+        """Keeps ``n`` finished items ready ahead of the consumer."""
+        return Pipeline(self._p.prefetch(n))
+
+    # Run settings ---------------------------------------------------------------------
+
+    def epochs(self, n: int | None) -> Pipeline:
+        """Number of epochs; ``None`` repeats forever."""
+        return Pipeline(self._p.epochs(n))
+
+    def seed(self, seed: int) -> Pipeline:
+        """The seed of every random choice (shard order, shuffle buffer, random ops)."""
+        return Pipeline(self._p.seed(seed))
+
+    def options(
+        self,
+        *,
+        threads: int | None = None,
+        memory_limit: int | str | None = None,
+        deterministic: bool | None = None,
+        errors: str | None = None,
+        autotune: bool | None = None,
+        window: int | None = None,
+    ) -> Pipeline:
+        """Changes the given run options and keeps the others: ``threads`` (CPU workers),
+        ``memory_limit`` (bytes or ``"2GiB"``: the one budget), ``deterministic`` (same
+        order whatever the parallelism; default true), ``errors`` (``"raise"`` or
+        ``"skip"``), ``autotune``, ``window`` (samples in flight)."""
+        return Pipeline(
+            self._p.options(
+                threads=threads,
+                memory_limit=memory_limit,
+                deterministic=deterministic,
+                errors=errors,
+                autotune=autotune,
+                window=window,
+            )
+        )
+
+    @property
+    def run_options(self) -> dict[str, Any]:
+        """The run options in force."""
+        return self._p.run_options()
+
+    # Running --------------------------------------------------------------------------
+
+    def explain(self) -> str:
+        """The plan the optimizer makes, with its reasons."""
+        return self._p.explain()
+
+    def run(self) -> Run:
+        """Starts a run: an iterator of dicts with ``stats()`` and ``state_dict()``."""
+        return self._p.run()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self._p.run()
+
+    def resume(self, state: Mapping[str, Any]) -> Run:
+        """Starts a run from ``state`` (a run's ``state_dict()``, or that dict after a JSON
+        round trip): it yields exactly the items that run had not yet yielded."""
+        return self._p.resume(to_json(state))
+
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> Pipeline:
+        """A pipeline whose runs (``run()``, iteration) start at ``state``; ``None`` goes
+        back to the beginning. The pipeline it is called on is unchanged."""
+        return Pipeline(self._p.with_state(None if state is None else to_json(state)))
+
+    @property
+    def start_state(self) -> dict[str, Any] | None:
+        """The state runs start at (set by ``load_state_dict``), or ``None``."""
+        import json
+
+        text = self._p.start_state()
+        return None if text is None else json.loads(text)
+
+    def __repr__(self) -> str:
+        logical = self.explain().split("physical:")[0].replace("logical:", "").split()
+        return f"<stoker.Pipeline [{', '.join(logical)}]>"
+
+
+def from_url(
+    url: str | os.PathLike[str],
+    format: str = "files",
+    *,
+    glob: str | None = None,
+    endpoint: str | None = None,
+    region: str | None = None,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+    allow_http: bool | None = None,
+    **options: Any,
+) -> Pipeline:
+    """Every object under ``url`` (or the one object it names), read as ``format``:
+    ``files``, ``imagefolder``, ``tar`` (WebDataset), ``tfrecord``, ``parquet``, ``jsonl``
+    or ``csv``.
+
+    Keyword options are store options (``endpoint``, ``region``, ``access_key``,
+    ``secret_key``, ``allow_http``, and every key of the CLI's ``-o KEY=VALUE``:
+    ``part_size``, ``cache_dir``, ``aws_*``...) or the format's options (``columns`` for
+    Parquet, ``parse_examples`` for TFRecord, ``delimiter``, ``has_header``,
+    ``infer_types`` for CSV). Credentials and endpoints also come from the usual ``AWS_*``
+    environment variables.
+    """
+    url = os.fspath(url)
+    store: dict[str, Any] = {
+        "endpoint": endpoint,
+        "region": region,
+        "access_key": access_key,
+        "secret_key": secret_key,
+        "allow_http": allow_http,
+    }
+    format_options: dict[str, Any] = {}
+    for key, value in options.items():
+        if is_store_key(key):
+            store[key] = value
+        else:
+            format_options[key] = value
+    spec: dict[str, Any] = {"source": url, "format": format, "format_options": format_options}
+    if glob is not None:
+        spec["glob"] = glob
+    return Pipeline(_native.Pipeline.from_spec(to_json(spec), store_pairs(store)))
+
+
+def from_spec(spec: Mapping[str, Any] | str | os.PathLike[str], **store_options: Any) -> Pipeline:
+    """A pipeline from a spec: a dict, TOML text, or the path of a TOML file (the format of
+    ``stoker run PIPELINE.toml``). Keyword store options apply under the spec's own
+    ``[store]`` table, which wins."""
+    if isinstance(spec, Mapping):
+        data = dict(spec)
+    elif isinstance(spec, os.PathLike) or (isinstance(spec, str) and os.path.isfile(spec)):
+        with open(os.fspath(spec), "rb") as f:
+            data = tomllib.load(f)
+    elif isinstance(spec, str):
+        data = tomllib.loads(spec)
+    else:
+        raise TypeError("a spec is a dict, TOML text or the path of a TOML file")
+    return Pipeline(_native.Pipeline.from_spec(to_json(data), store_pairs(store_options)))
+
+
+def from_samples(samples: Iterable[Mapping[str, Any]]) -> Pipeline:
+    """A pipeline over samples in memory: dicts of ``bytes``, ``str``, ``int``, ``float``,
+    ``bool``, ``None``, lists and NumPy arrays (copied into Stoker's data model)."""
+    return Pipeline(_native.Pipeline.from_samples([dict(s) for s in samples]))

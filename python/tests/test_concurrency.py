@@ -1,0 +1,134 @@
+"""Several Python threads on one run, Ctrl-C during a blocked iteration, and fork()."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import stoker
+
+
+def test_several_threads_share_one_run_and_each_item_goes_to_one(s3, prefix):
+    n = 400
+    for i in range(n):
+        s3.put(f"{prefix}{i:04d}.txt", str(i).encode())
+    run = (
+        stoker.from_url(f"s3://data/{prefix}", format="files", **s3.options)
+        .map("parse_int", field="txt")
+        .run()
+    )
+    seen: list[list[int]] = [[] for _ in range(4)]
+    stats_seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def consume(k: int) -> None:
+        try:
+            for sample in run:
+                seen[k].append(sample["txt"])
+                if k == 0 and len(seen[0]) % 10 == 0:
+                    stats_seen.append(run.stats()["samples"])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    everything = sorted(sum(seen, []))
+    assert everything == list(range(n))
+    assert stats_seen == sorted(stats_seen)
+    assert run.stats()["samples"] == n
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time, stoker
+    endpoint = sys.argv[1]
+    p = stoker.from_url("s3://data/" + sys.argv[2], format="files", endpoint=endpoint,
+                        access_key="stoker-test", secret_key="stoker-test-secret",
+                        region="us-east-1", allow_http=True)
+    run = p.run()
+    print("READY", flush=True)
+    try:
+        next(run)
+        print("NOT INTERRUPTED", flush=True)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", time.monotonic(), flush=True)
+    # The run goes on after the interrupt: nothing was lost.
+    print("COUNT", sum(1 for _ in run), flush=True)
+    """
+)
+
+
+def test_ctrl_c_interrupts_a_blocked_iteration_and_loses_nothing(s3, prefix):
+    delay_ms = 8000
+    n = 5
+    for i in range(n):
+        s3.put(f"{prefix}slow/obj-{i}", b"x")
+    # Every GET of these objects (not the listing) waits delay_ms before it is answered.
+    s3.control(f"fault?kind=delay&ms={delay_ms}&method=GET&times={n}&path={prefix}slow/obj-")
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, s3.endpoint, f"{prefix}slow/"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "READY"
+        time.sleep(0.5)
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        line = child.stdout.readline().split()
+        assert line[0] == "INTERRUPTED", (line, child.stderr.read() if line == [] else "")
+        interrupted_after = float(line[1]) - sent
+        rest, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+        assert rest.split() == ["COUNT", str(n)]
+        # The request it was blocked on takes delay_ms; the interrupt came well before.
+        assert interrupted_after < delay_ms / 1000 / 2, interrupted_after
+    finally:
+        s3.control("clear")
+
+
+def test_a_forked_child_runs_pipelines_and_reads_objects(s3, prefix):
+    for i in range(5):
+        s3.put(f"{prefix}{i}.txt", f"{i}".encode())
+    p = stoker.from_url(f"s3://data/{prefix}", format="files", **s3.options).map(
+        "parse_int", field="txt"
+    )
+    parent_run = p.run()
+    first = next(parent_run)["txt"]
+    with stoker.io.open(f"s3://data/{prefix}3.txt", **s3.options) as f:
+        assert f.read() == b"3"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running the parent's cleanup
+        code = 1
+        try:
+            got = [s["txt"] for s in p]
+            with stoker.io.open(f"s3://data/{prefix}4.txt", **s3.options) as f:
+                data = f.read()
+            try:
+                next(parent_run)
+                inherited = "usable"
+            except RuntimeError as e:
+                inherited = "refused" if "another process" in str(e) else str(e)
+            os.write(w, f"{got}|{data.decode()}|{inherited}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as pipe:
+        report = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert report == f"{list(range(5))}|4|refused"
+    assert [first] + [s["txt"] for s in parent_run] == list(range(5))
