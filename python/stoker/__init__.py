@@ -148,10 +148,11 @@ class Pipeline:
         """Skips the first ``n`` items of each epoch."""
         return Pipeline(self._p.skip(n))
 
-    def cache(self) -> Pipeline:
-        """Keeps parsed records in memory after the first epoch (within half the memory
-        budget); later epochs neither fetch nor parse."""
-        return Pipeline(self._p.cache())
+    def cache(self, dir: str | os.PathLike | None = None) -> Pipeline:
+        """Keeps parsed records after the first epoch, so later epochs neither fetch nor
+        parse: in memory (within half the memory budget), or with ``dir`` in files there,
+        one per shard, reused by later runs (a changed object is read anew)."""
+        return Pipeline(self._p.cache(None if dir is None else os.fspath(dir)))
 
     def prefetch(self, n: int) -> Pipeline:
         """Keeps ``n`` finished items ready ahead of the consumer."""

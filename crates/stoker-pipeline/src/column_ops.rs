@@ -108,7 +108,9 @@ fn tokenizer(b: &Builtin) -> Result<Arc<Tokenize>, Error> {
             .field(field.clone())
             .output_fields(
                 ids_field.clone().unwrap_or_else(|| "input_ids".into()),
-                mask_field.clone().unwrap_or_else(|| "attention_mask".into()),
+                mask_field
+                    .clone()
+                    .unwrap_or_else(|| "attention_mask".into()),
             )
             .max_length(*max_length)
             .pad_to(*pad_to)

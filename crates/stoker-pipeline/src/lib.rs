@@ -40,8 +40,8 @@ mod source;
 pub mod spec;
 mod stats;
 
-pub use exec::{explain, Item, PipelineState, Run, StageState};
 pub use column_ops::FillValue;
+pub use exec::{explain, Item, PipelineState, Run, StageState};
 pub use image_ops::Size;
 pub use ops::{Builtin, FnOp, OpContext, SampleOp};
 pub use plan::{

@@ -538,8 +538,7 @@ impl SampleOp for Builtin {
     }
 
     fn apply_batch(&self, batch: Batch, _ctx: &mut OpContext) -> Option<Result<Batch, Error>> {
-        crate::column_ops::is_column_op(self)
-            .then(|| crate::column_ops::apply_batch(self, batch))
+        crate::column_ops::is_column_op(self).then(|| crate::column_ops::apply_batch(self, batch))
     }
 
     fn apply(&self, mut s: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {

@@ -206,6 +206,51 @@ pub enum OpSpec {
     Builtin(Builtin),
 }
 
+impl OpSpec {
+    /// Appends this operator to `p`, checking its arguments.
+    pub fn apply(&self, p: Pipeline) -> Result<Pipeline, Error> {
+        Ok(match self {
+            OpSpec::Shuffle { buffer } => p.shuffle(*buffer),
+            OpSpec::Batch {
+                size,
+                drop_last,
+                collate,
+                pad_value,
+            } => {
+                let default = match collate.as_deref().unwrap_or("auto") {
+                    "auto" => Collate::Auto,
+                    "stack" => Collate::Stack,
+                    "list" => Collate::List,
+                    "pad" => Collate::Pad(pad_value.unwrap_or(0.0)),
+                    other => {
+                        return Err(Error::invalid(format!(
+                            "unknown collate {other:?} (auto, stack, list, pad)"
+                        )))
+                    }
+                };
+                p.batch_with(
+                    *size,
+                    *drop_last,
+                    CollatePolicy {
+                        default,
+                        fields: vec![],
+                    },
+                )
+            }
+            OpSpec::Unbatch => p.unbatch(),
+            OpSpec::Take { n } => p.take(*n),
+            OpSpec::Skip { n } => p.skip(*n),
+            OpSpec::Prefetch { n } => p.prefetch(*n),
+            OpSpec::Cache { dir: None } => p.cache(),
+            OpSpec::Cache { dir: Some(d) } => p.cache_on_disk(d),
+            OpSpec::Builtin(b) => {
+                b.validate()?;
+                p.map(b.clone())
+            }
+        })
+    }
+}
+
 /// Scalars of a `[store]` table (TOML strings, numbers and booleans).
 pub mod toml_like {
     /// A string, number or boolean.
@@ -320,45 +365,7 @@ impl PipelineSpec {
     /// Appends the spec's operators (only its `ops`) to `p`, checking their arguments.
     pub fn apply_ops(&self, mut p: Pipeline) -> Result<Pipeline, Error> {
         for op in &self.ops {
-            p = match op {
-                OpSpec::Shuffle { buffer } => p.shuffle(*buffer),
-                OpSpec::Batch {
-                    size,
-                    drop_last,
-                    collate,
-                    pad_value,
-                } => {
-                    let default = match collate.as_deref().unwrap_or("auto") {
-                        "auto" => Collate::Auto,
-                        "stack" => Collate::Stack,
-                        "list" => Collate::List,
-                        "pad" => Collate::Pad(pad_value.unwrap_or(0.0)),
-                        other => {
-                            return Err(Error::invalid(format!(
-                                "unknown collate {other:?} (auto, stack, list, pad)"
-                            )))
-                        }
-                    };
-                    p.batch_with(
-                        *size,
-                        *drop_last,
-                        CollatePolicy {
-                            default,
-                            fields: vec![],
-                        },
-                    )
-                }
-                OpSpec::Unbatch => p.unbatch(),
-                OpSpec::Take { n } => p.take(*n),
-                OpSpec::Skip { n } => p.skip(*n),
-                OpSpec::Prefetch { n } => p.prefetch(*n),
-                OpSpec::Cache { dir: None } => p.cache(),
-                OpSpec::Cache { dir: Some(d) } => p.cache_on_disk(d),
-                OpSpec::Builtin(b) => {
-                    b.validate()?;
-                    p.map(b.clone())
-                }
-            };
+            p = op.apply(p)?;
         }
         Ok(p)
     }

@@ -97,47 +97,10 @@ fn run_options_of(o: &OptionsSpec) -> PyResult<RunOptions> {
     Ok(ro)
 }
 
-/// Adds one spec operator to `p`. Every `OpSpec` is named here, so a new kind of operator
-/// in the spec fails to compile here until the binding knows it.
+/// Adds one spec operator to `p` (the spec's own code, so every operator the spec knows
+/// is available here).
 fn apply_op(p: Pipeline, op: &OpSpec) -> Result<Pipeline, Error> {
-    Ok(match op {
-        OpSpec::Shuffle { buffer } => p.shuffle(*buffer),
-        OpSpec::Batch {
-            size,
-            drop_last,
-            collate,
-            pad_value,
-        } => {
-            let c = match collate.as_deref().unwrap_or("auto") {
-                "auto" => Collate::Auto,
-                "stack" => Collate::Stack,
-                "list" => Collate::List,
-                "pad" => Collate::Pad(pad_value.unwrap_or(0.0)),
-                other => {
-                    return Err(Error::invalid(format!(
-                        "unknown collate {other:?} (auto, stack, list, pad)"
-                    )))
-                }
-            };
-            p.batch_with(
-                *size,
-                *drop_last,
-                CollatePolicy {
-                    default: c,
-                    fields: vec![],
-                },
-            )
-        }
-        OpSpec::Unbatch => p.unbatch(),
-        OpSpec::Take { n } => p.take(*n),
-        OpSpec::Skip { n } => p.skip(*n),
-        OpSpec::Cache => p.cache(),
-        OpSpec::Prefetch { n } => p.prefetch(*n),
-        OpSpec::Builtin(b) => {
-            b.validate()?;
-            p.map(b.clone())
-        }
-    })
+    op.apply(p)
 }
 
 impl PyPipeline {
@@ -304,8 +267,12 @@ impl PyPipeline {
         self.with(|p| p.skip(n))
     }
 
-    fn cache(&self) -> Self {
-        self.with(|p| p.cache())
+    #[pyo3(signature = (dir=None))]
+    fn cache(&self, dir: Option<std::path::PathBuf>) -> Self {
+        self.with(|p| match dir {
+            Some(d) => p.cache_on_disk(d),
+            None => p.cache(),
+        })
     }
 
     fn prefetch(&self, n: usize) -> PyResult<Self> {
