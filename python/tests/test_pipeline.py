@@ -251,3 +251,14 @@ def test_from_samples_round_trips_python_values():
     assert [g["t"] for g in got] == [1, 0]
     with pytest.raises(TypeError, match="cannot be of type"):
         stoker.from_samples([{"x": object()}])
+
+
+def test_a_disk_cache_serves_a_later_run_without_reading_storage(s3, prefix, tmp_path):
+    p = tar_dataset(s3, prefix).cache(dir=tmp_path / "cache")
+    first = p.run()
+    want = batch_keys(first)
+    assert first.stats()["storage"]["get_requests"] > 0
+    assert any((tmp_path / "cache").iterdir())
+    later = p.run()
+    assert batch_keys(later) == want
+    assert later.stats()["storage"]["get_requests"] == 0
