@@ -9,6 +9,8 @@
 //! read) into a u8 intermediate, then a vertical pass. The source box may be fractional,
 //! which is how the fused decode maps a DCT-scaled region onto the output exactly.
 
+use std::mem::MaybeUninit;
+
 use stoker_core::{Error, Tensor};
 
 use super::convert::{Layout, Tables};
@@ -385,10 +387,12 @@ dispatch!(horizontal_direct, horizontal_impl, horizontal_avx2,
     (src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w: usize, out: &mut Vec<u8>));
 dispatch!(vertical, vertical_impl, vertical_avx2,
     (src: ImageRef<'_>, wt: &Weights, out_h: usize, out: &mut Vec<u8>));
+dispatch!(columns, columns_impl, columns_avx2,
+    (t: ImageRef<'_>, wt: &Weights, out_w: usize, out: &mut Vec<u8>));
 dispatch!(vertical_f32, vertical_lut_impl::<4>, vertical_f32_avx2,
-    (src: ImageRef<'_>, wt: &Weights, lut: &[[[u8; 4]; 256]], layout: Layout, out: &mut [u8]));
+    (src: ImageRef<'_>, wt: &Weights, lut: &[[[u8; 4]; 256]], layout: Layout, out: &mut [MaybeUninit<u8>]));
 dispatch!(vertical_f16, vertical_lut_impl::<2>, vertical_f16_avx2,
-    (src: ImageRef<'_>, wt: &Weights, lut: &[[[u8; 2]; 256]], layout: Layout, out: &mut [u8]));
+    (src: ImageRef<'_>, wt: &Weights, lut: &[[[u8; 2]; 256]], layout: Layout, out: &mut [MaybeUninit<u8>]));
 
 /// Horizontal pass over rows `y0..y1` of `src` into a `(y1 - y0) x out_w` buffer.
 ///
@@ -433,25 +437,56 @@ fn horizontal(
         };
         &shifted
     };
-    let mut tv = Scratch::take();
-    vertical(
-        ImageRef {
-            data: &t,
-            h: x1 - x0,
-            w: rows,
-            c,
-        },
-        wt,
-        out_w,
-        &mut tv,
-    );
-    let back = ImageRef {
-        data: &tv,
-        h: out_w,
+    let t = ImageRef {
+        data: &t,
+        h: x1 - x0,
         w: rows,
         c,
     };
-    transpose_cols(back, 0, out_w, 0, rows, out);
+    columns(t, wt, out_w, out);
+}
+
+/// The horizontal filter run as a vertical one over the transposed tile `t` (one row per
+/// source column, `t.w` pixels each): output column `xx` is the weighted sum of `t`'s
+/// rows, rounded, and is written straight into column `xx` of `out` (`t.w` rows of
+/// `out_w` pixels), which transposes it back.
+#[inline(always)]
+fn columns_impl(t: ImageRef<'_>, wt: &Weights, out_w: usize, out: &mut Vec<u8>) {
+    let (rows, c) = (t.w, t.c);
+    let stride = rows * c;
+    assert_eq!(wt.bounds.len(), out_w);
+    // Every byte is written below.
+    out.resize(rows * out_w * c, 0);
+    let mut acc = vec![0i32; stride];
+    let mut col = vec![0u8; stride];
+    for (xx, &(xmin, n)) in wt.bounds.iter().enumerate() {
+        acc.fill(HALF);
+        let k = &wt.k[xx * wt.ksize..xx * wt.ksize + n];
+        for (j, &w) in k.iter().enumerate() {
+            let row = t.row(xmin + j);
+            for (a, &p) in acc.iter_mut().zip(row) {
+                *a += p as i32 * w;
+            }
+        }
+        for (o, &a) in col.iter_mut().zip(&acc) {
+            *o = clip8(a);
+        }
+        if c == 3 {
+            let dst = out.as_mut_ptr();
+            for (r, px) in col.chunks_exact(3).enumerate() {
+                // SAFETY: r < rows and xx < out_w, so the 3 bytes at
+                // (r * out_w + xx) * 3 lie inside `out` (rows * out_w * 3 bytes).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(px.as_ptr(), dst.add((r * out_w + xx) * 3), 3)
+                };
+            }
+        } else {
+            for (r, px) in col.chunks_exact(c).enumerate() {
+                let d = (r * out_w + xx) * c;
+                out[d..d + c].copy_from_slice(px);
+            }
+        }
+    }
 }
 
 /// Rows `y0..y1`, columns `x0..x1` of `src` with the axes swapped (pixels of `c` bytes),
@@ -468,6 +503,8 @@ fn transpose_cols(
     let h = y1 - y0;
     // Every byte is written below.
     out.resize((x1 - x0) * h * c, 0);
+    assert!(y1 <= src.h && x1 <= w && src.data.len() >= src.h * w * c);
+    let (sp, dp) = (src.data.as_ptr(), out.as_mut_ptr());
     const T: usize = 16;
     for by in (y0..y1).step_by(T) {
         for bx in (x0..x1).step_by(T) {
@@ -478,12 +515,16 @@ fn transpose_cols(
                 match c {
                     3 => {
                         for x in xs {
-                            let d = ((x - x0) * h + yy) * 3;
-                            let p = &row[x * 3..x * 3 + 3];
-                            let o = &mut out[d..d + 3];
-                            o[0] = p[0];
-                            o[1] = p[1];
-                            o[2] = p[2];
+                            // SAFETY: y < y1 <= src.h and x < x1 <= w (asserted above):
+                            // the source pixel is inside `src.data`; x - x0 < x1 - x0 and
+                            // yy < h: the destination is inside `out`.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    sp.add((y * w + x) * 3),
+                                    dp.add(((x - x0) * h + yy) * 3),
+                                    3,
+                                )
+                            };
                         }
                     }
                     1 => {
@@ -618,12 +659,16 @@ fn vertical_lut_impl<const N: usize>(
     wt: &Weights,
     lut: &[[[u8; N]; 256]],
     layout: Layout,
-    out: &mut [u8],
+    out: &mut [MaybeUninit<u8>],
 ) {
     let (w, c) = (src.w, src.c);
     let stride = w * c;
     let out_h = wt.bounds.len();
     let plane = out_h * w * N;
+    // Every byte of `out` is written below: each output row of each plane (or of
+    // pixels), whole.
+    assert_eq!(out.len(), out_h * stride * N);
+    assert!(lut.len() >= c);
     let mut acc = vec![0i32; stride];
     let mut row8 = vec![0u8; stride];
     for (yy, &(ymin, n)) in wt.bounds.iter().enumerate() {
@@ -644,7 +689,7 @@ fn vertical_lut_impl<const N: usize>(
                 for (ch, t) in lut.iter().enumerate().take(c) {
                     let o = &mut out[ch * plane + yy * w * N..ch * plane + (yy + 1) * w * N];
                     for (o, px) in o.chunks_exact_mut(N).zip(row8.chunks_exact(c)) {
-                        o.copy_from_slice(&t[px[ch] as usize]);
+                        put(o, &t[px[ch] as usize]);
                     }
                 }
             }
@@ -652,7 +697,7 @@ fn vertical_lut_impl<const N: usize>(
                 let o = &mut out[yy * stride * N..(yy + 1) * stride * N];
                 for (o, px) in o.chunks_exact_mut(c * N).zip(row8.chunks_exact(c)) {
                     for ((o, &v), t) in o.chunks_exact_mut(N).zip(px).zip(lut) {
-                        o.copy_from_slice(&t[v as usize]);
+                        put(o, &t[v as usize]);
                     }
                 }
             }
@@ -726,6 +771,14 @@ pub(crate) fn resample(
     out
 }
 
+/// Writes `v` into `o` (`MaybeUninit::write_copy_of_slice` needs Rust 1.93).
+#[inline(always)]
+fn put<const N: usize>(o: &mut [MaybeUninit<u8>], v: &[u8; N]) {
+    for (o, &b) in o.iter_mut().zip(v) {
+        o.write(b);
+    }
+}
+
 /// What [`resample_to_tensor`] writes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Output<'a> {
@@ -796,14 +849,33 @@ pub(crate) fn resample_to_tensor(
             vertical(mid_ref, &wv, out_h, &mut out);
             out
         }
+        // The output is written whole by the pass, so it is not zeroed first (a
+        // measurable memset on a 600 KB tensor).
         Output::Tables(Tables::F32(lut), layout) => {
-            let mut out = vec![0u8; n * 4];
-            vertical_f32(mid_ref, &wv, lut, layout, &mut out);
+            let mut out = Vec::with_capacity(n * 4);
+            vertical_f32(
+                mid_ref,
+                &wv,
+                lut,
+                layout,
+                &mut out.spare_capacity_mut()[..n * 4],
+            );
+            // SAFETY: `vertical_lut_impl` wrote all n * 4 bytes (it asserts the length
+            // and writes every row whole).
+            unsafe { out.set_len(n * 4) };
             out
         }
         Output::Tables(Tables::F16(lut), layout) => {
-            let mut out = vec![0u8; n * 2];
-            vertical_f16(mid_ref, &wv, lut, layout, &mut out);
+            let mut out = Vec::with_capacity(n * 2);
+            vertical_f16(
+                mid_ref,
+                &wv,
+                lut,
+                layout,
+                &mut out.spare_capacity_mut()[..n * 2],
+            );
+            // SAFETY: as above, all n * 2 bytes were written.
+            unsafe { out.set_len(n * 2) };
             out
         }
     }
