@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! python crates/stoker-ops/examples/make_jpegs.py /work/data-jpeg 2000
-//! cargo run --release -p stoker-ops --example image_throughput -- /work/data-jpeg [--limit N] [--passes P]
+//! cargo run --release -p stoker-ops --example image_throughput -- /work/data-jpeg [--limit N] [--passes P] [--only MODE]
 //! ```
 //!
 //! Modes:
@@ -13,6 +13,9 @@
 //! - `decode 1/2`, `decode 1/4`: DCT-domain scaled decode.
 //! - `fused`: decode + RandomResizedCrop(224) fused (region + DCT scaling), random
 //!   horizontal flip, ImageNet normalisation to f32 CHW: a whole ImageNet train transform.
+//! - `fused chain`: the same transform as `fused rrc+flip+normalize` with the flip and the
+//!   normalisation fused into the crop's resample (`DecodeRandomResizedCrop::flip` and
+//!   `::to_tensor`): what the pipeline runs for that chain.
 //! - `unfused`: full decode, then RandomResizedCrop(224), flip, normalise.
 //! - `unfused rrc only`: full decode then RandomResizedCrop(224), nothing else.
 
@@ -40,6 +43,7 @@ fn main() {
     let mut dir = None;
     let mut limit = usize::MAX;
     let mut passes = 1;
+    let mut only: Option<String> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--limit" => limit = args.next().and_then(|v| v.parse().ok()).expect("--limit N"),
@@ -49,6 +53,7 @@ fn main() {
                     .and_then(|v| v.parse().ok())
                     .expect("--passes P")
             }
+            "--only" => only = Some(args.next().expect("--only MODE")),
             _ => dir = Some(a),
         }
     }
@@ -75,6 +80,9 @@ fn main() {
     let norm = ToTensor::imagenet();
 
     let run = |name: &str, f: &dyn Fn(&[u8], &mut Rng) -> usize| {
+        if only.as_ref().is_some_and(|o| o != name) {
+            return;
+        }
         // One warm-up pass over a few files, then the timed passes.
         for (i, d) in files.iter().take(20).enumerate() {
             f(d, &mut Rng::from_words(&[99, i as u64]));
@@ -115,6 +123,10 @@ fn main() {
         let t = flip.apply(&t, rng).unwrap();
         norm.apply(&t).unwrap().data().len()
     });
+    let chain = fused.clone().flip(flip.clone()).to_tensor(norm.clone());
+    run("fused chain", &|d, rng| {
+        chain.apply(d, rng).unwrap().data().len()
+    });
     run("unfused rrc only", &|d, rng| {
         let full = decode_image(d, &dec).unwrap();
         rrc.apply(&full, rng).unwrap().data().len()
@@ -126,6 +138,9 @@ fn main() {
         norm.apply(&t).unwrap().data().len()
     });
 
+    if only.is_some() {
+        return;
+    }
     // How far the DCT-scaled fused crop is from the unfused one (same boxes).
     let mut sum = 0.0;
     let mut worst: f64 = 0.0;

@@ -44,6 +44,7 @@ mod fused;
 mod geometry;
 mod jpeg;
 mod resize;
+mod scratch;
 
 pub use color::{ColorJitter, GaussianBlur, Grayscale};
 pub use convert::{ConvertDType, Layout, ToLayout, ToTensor};

@@ -1,13 +1,15 @@
 //! The fused decode + RandomResizedCrop against decode followed by the unfused crop: same
-//! boxes, and pixels within the tolerance docs/ops.md states for DCT scaling.
+//! boxes, and pixels within the tolerance docs/ops.md states for DCT scaling. The fused
+//! flip and ToTensor stages against the separate kernels: bit-identical.
 
 use std::path::PathBuf;
 
 use stoker_core::rng::Rng;
-use stoker_core::Tensor;
+use stoker_core::{DType, Tensor};
 use stoker_ops::image::{
-    decode_image, decode_jpeg, DctScale, DecodeImage, DecodeRandomResizedCrop, JpegRegion,
-    RandomResizedCrop,
+    decode_image, decode_jpeg, image_info, ColorMode, DctScale, DecodeImage,
+    DecodeRandomResizedCrop, Interpolation, JpegRegion, Layout, RandomFlip, RandomResizedCrop,
+    ToTensor,
 };
 
 fn file(name: &str) -> Vec<u8> {
@@ -147,4 +149,176 @@ fn region_decode_cuts_exactly_the_pixels_of_a_whole_decode() {
             }
         }
     }
+}
+
+/// The fused op without its flip and conversion, then the separate `RandomFlip` and
+/// `ToTensor` kernels, drawing from the same generators in the same order.
+fn separate(op: &DecodeRandomResizedCrop, data: &[u8], crop: &mut Rng, flip: &mut Rng) -> Tensor {
+    let mut plain = op.clone();
+    plain.flip = None;
+    plain.to_tensor = None;
+    let mut t = plain.apply(data, crop).unwrap();
+    if let Some(f) = &op.flip {
+        t = f.apply(&t, flip).unwrap();
+    }
+    match &op.to_tensor {
+        Some(c) => c.apply(&t).unwrap(),
+        None => t,
+    }
+}
+
+const CHAIN_FILES: [&str; 9] = [
+    "big.jpg",
+    "photo_420.jpg",
+    "photo_422.jpg",
+    "photo_444.jpg",
+    "progressive.jpg",
+    "gray.jpg",
+    "cmyk.jpg",
+    "photo.png",
+    "lossy.webp",
+];
+
+#[test]
+fn fused_flip_and_to_tensor_equal_the_separate_kernels_bit_for_bit() {
+    let conversions = [
+        ToTensor::imagenet(),
+        ToTensor::imagenet().dtype(DType::F16),
+        ToTensor::imagenet().layout(Layout::Hwc),
+        ToTensor::default().scale(false),
+    ];
+    let mut flipped = 0;
+    let mut cases = 0;
+    for name in CHAIN_FILES {
+        let data = file(name);
+        for (i, (h, w)) in [(224, 224), (64, 48), (17, 33)].into_iter().enumerate() {
+            let base =
+                DecodeRandomResizedCrop::new(DecodeImage::default(), RandomResizedCrop::new(h, w));
+            for seed in 0..24u64 {
+                let flip = match seed % 3 {
+                    0 => RandomFlip::horizontal(),
+                    1 => RandomFlip::vertical(),
+                    _ => RandomFlip::horizontal().p(1.0),
+                };
+                let conv = conversions[(seed as usize + i) % conversions.len()].clone();
+                let mut op = base.clone().flip(flip.clone());
+                if seed % 4 != 3 {
+                    op = op.to_tensor(conv);
+                }
+                if seed % 5 == 4 {
+                    op = op.dct_scaling(false);
+                }
+                // One generator for both: `apply` draws the box, then the flip.
+                let r = Rng::from_words(&[seed, 1]);
+                let mut plain = op.clone();
+                plain.flip = None;
+                plain.to_tensor = None;
+                let mut a = r.clone();
+                let cropped = plain.apply(&data, &mut a).unwrap();
+                let mut probe = a.clone();
+                flipped += usize::from(flip.decide(&mut probe));
+                let cropped = flip.apply(&cropped, &mut a).unwrap();
+                let want = match &op.to_tensor {
+                    Some(c) => c.apply(&cropped).unwrap(),
+                    None => cropped,
+                };
+                let mut b = r.clone();
+                assert_eq!(
+                    op.apply(&data, &mut b).unwrap(),
+                    want,
+                    "{name} {h}x{w} seed {seed}"
+                );
+                // Same generator state afterwards: the same number of draws.
+                assert_eq!(b.unit(), a.unit());
+                // Two generators (the pipeline's: crop op and flip op).
+                let (c0, f0) = (Rng::from_words(&[seed, 2]), Rng::from_words(&[seed, 3]));
+                let want = separate(&op, &data, &mut c0.clone(), &mut f0.clone());
+                let got = op
+                    .apply_chain(&data, &mut c0.clone(), &mut f0.clone())
+                    .unwrap();
+                assert_eq!(got, want, "{name} {h}x{w} seed {seed} (two generators)");
+                cases += 1;
+            }
+        }
+    }
+    assert!(cases >= 600 && flipped > 100, "{cases} {flipped}");
+}
+
+#[test]
+fn fused_chain_is_exact_for_every_filter_and_mode() {
+    for interp in [
+        Interpolation::Bicubic,
+        Interpolation::Lanczos,
+        Interpolation::Box,
+        Interpolation::Nearest,
+    ] {
+        for (name, mode) in [
+            ("photo_420.jpg", ColorMode::Rgb),
+            ("big.jpg", ColorMode::Gray),
+            ("progressive.jpg", ColorMode::Rgb),
+        ] {
+            let data = file(name);
+            let dec = DecodeImage::default().mode(mode);
+            let mut rrc = RandomResizedCrop::new(40, 56);
+            rrc.interpolation = interp;
+            for seed in 0..12u64 {
+                let flip = if seed % 2 == 0 {
+                    RandomFlip::horizontal().p(1.0)
+                } else {
+                    RandomFlip::vertical().p(1.0)
+                };
+                let op = DecodeRandomResizedCrop::new(dec.clone(), rrc.clone())
+                    .flip(flip)
+                    .to_tensor(ToTensor::default().normalize(&[0.5], &[0.25]));
+                let (c0, f0) = (Rng::from_words(&[seed]), Rng::from_words(&[seed, 9]));
+                let want = separate(&op, &data, &mut c0.clone(), &mut f0.clone());
+                let got = op
+                    .apply_chain(&data, &mut c0.clone(), &mut f0.clone())
+                    .unwrap();
+                assert_eq!(got, want, "{interp:?} {name} {mode:?} seed {seed}");
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_chain_is_exact_when_an_axis_needs_no_resampling() {
+    // The whole image at its own size: neither axis is resampled, the flip and the
+    // conversion still apply.
+    for name in ["photo_444.jpg", "gray.jpg", "big.jpg"] {
+        let data = file(name);
+        let info = image_info(&data).unwrap();
+        let r = info.width as f64 / info.height as f64;
+        for (h, w) in [
+            (info.height, info.width),
+            (info.height, 31),
+            (29, info.width),
+        ] {
+            let rrc = RandomResizedCrop::new(h, w).scale(1.0, 1.0).ratio(r, r);
+            for flip in [
+                RandomFlip::horizontal().p(1.0),
+                RandomFlip::vertical().p(1.0),
+            ] {
+                let op = DecodeRandomResizedCrop::new(DecodeImage::default(), rrc.clone())
+                    .dct_scaling(false)
+                    .flip(flip)
+                    .to_tensor(ToTensor::imagenet());
+                let (c0, f0) = (Rng::from_words(&[1]), Rng::from_words(&[2]));
+                let want = separate(&op, &data, &mut c0.clone(), &mut f0.clone());
+                let got = op
+                    .apply_chain(&data, &mut c0.clone(), &mut f0.clone())
+                    .unwrap();
+                assert_eq!(got, want, "{name} {h}x{w}");
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_chain_reports_the_conversions_errors() {
+    let data = file("photo_420.jpg");
+    let op = DecodeRandomResizedCrop::new(DecodeImage::default(), RandomResizedCrop::new(8, 8))
+        .to_tensor(ToTensor::default().normalize(&[0.5, 0.5], &[1.0, 1.0]));
+    let e = op.apply(&data, &mut Rng::from_words(&[1])).unwrap_err();
+    assert!(e.to_string().contains("to_tensor: 2 mean values"), "{e}");
 }

@@ -90,10 +90,17 @@ impl ToTensor {
         }
     }
 
-    /// Converts `image` (`[H, W, C]` u8).
-    pub fn apply(&self, image: &Tensor) -> Result<Tensor, Error> {
-        let img = ImageRef::from_tensor(image, "to_tensor")?;
-        let (h, w, c) = (img.h, img.w, img.c);
+    /// The output shape for an `h` x `w` image of `c` channels.
+    pub(crate) fn shape(&self, c: usize, h: usize, w: usize) -> Vec<usize> {
+        match self.layout {
+            Layout::Chw => vec![c, h, w],
+            Layout::Hwc => vec![h, w, c],
+        }
+    }
+
+    /// The per-channel tables for a `c`-channel image: each u8 value's output, as the
+    /// little-endian bytes of the output dtype. Checks mean, std and dtype.
+    pub(crate) fn tables(&self, c: usize) -> Result<Tables, Error> {
         let mean = ToTensor::per_channel(&self.mean, c, 0.0, "mean")?;
         let std = ToTensor::per_channel(&self.std, c, 1.0, "std")?;
         if std.iter().any(|&s| s == 0.0 || !s.is_finite()) {
@@ -115,31 +122,38 @@ impl ToTensor {
                 t
             })
             .collect();
-        let shape = match self.layout {
-            Layout::Chw => vec![c, h, w],
-            Layout::Hwc => vec![h, w, c],
-        };
-        let data = match self.dtype {
-            DType::F32 => {
-                let lut_bytes: Vec<[[u8; 4]; 256]> =
-                    lut.iter().map(|t| t.map(f32::to_le_bytes)).collect();
-                scatter(img.data, c, self.layout, &lut_bytes)
-            }
-            DType::F16 => {
-                let lut_bytes: Vec<[[u8; 2]; 256]> = lut
-                    .iter()
+        match self.dtype {
+            DType::F32 => Ok(Tables::F32(
+                lut.iter().map(|t| t.map(f32::to_le_bytes)).collect(),
+            )),
+            DType::F16 => Ok(Tables::F16(
+                lut.iter()
                     .map(|t| t.map(|v| f16::from_f32(v).to_bits().to_le_bytes()))
-                    .collect();
-                scatter(img.data, c, self.layout, &lut_bytes)
-            }
-            d => {
-                return Err(Error::invalid(format!(
-                    "to_tensor: output dtype must be float32 or float16, got {d}"
-                )))
-            }
-        };
-        Tensor::new(self.dtype, shape, Bytes::from(data))
+                    .collect(),
+            )),
+            d => Err(Error::invalid(format!(
+                "to_tensor: output dtype must be float32 or float16, got {d}"
+            ))),
+        }
     }
+
+    /// Converts `image` (`[H, W, C]` u8).
+    pub fn apply(&self, image: &Tensor) -> Result<Tensor, Error> {
+        let img = ImageRef::from_tensor(image, "to_tensor")?;
+        let (h, w, c) = (img.h, img.w, img.c);
+        let data = match self.tables(c)? {
+            Tables::F32(lut) => scatter(img.data, c, self.layout, &lut),
+            Tables::F16(lut) => scatter(img.data, c, self.layout, &lut),
+        };
+        Tensor::new(self.dtype, self.shape(c, h, w), Bytes::from(data))
+    }
+}
+
+/// [`ToTensor`]'s lookup tables, one per channel, as output bytes.
+#[derive(Debug)]
+pub(crate) enum Tables {
+    F32(Vec<[[u8; 4]; 256]>),
+    F16(Vec<[[u8; 2]; 256]>),
 }
 
 /// Maps every u8 sample through its channel's table of `N`-byte outputs, writing planes

@@ -15,21 +15,38 @@
 //! 5. Resample the box, mapped into the decoded region's coordinates (fractional, since
 //!    M/8 scaling rarely lands on whole pixels), to the output size.
 //!
+//! 6. Optionally, in the same pass: a [`RandomFlip`] (the resample's weights are
+//!    reversed along the flipped axis, so the mirrored image comes out directly) and a
+//!    [`ToTensor`] (the last resample pass rounds each sample to u8 exactly as the resize
+//!    does and writes its normalised value from a 256-entry table per channel straight
+//!    into the `[C, H, W]` planes). The result is bit-identical to running
+//!    `RandomFlip::apply` and `ToTensor::apply` on this op's u8 output, without the
+//!    intermediate image, the flipped copy or the separate conversion pass.
+//!
+//! The decoded region goes into a reused per-thread buffer and the resample reads it in
+//! place (no copy of the region, no fresh allocation): only the output is allocated.
+//!
 //! The pixels differ from the unfused path's because the IDCT's reduced-size output is a
 //! different (box-like) low-pass filter than PIL's anti-aliased resample of full-size
 //! pixels; `docs/ops.md` gives the measured difference. Non-JPEG input, lossless JPEG,
 //! and images whose EXIF orientation is applied and not 1 take the unfused path.
 
+use bytes::Bytes;
 use stoker_core::rng::Rng;
 use stoker_core::{Error, Tensor};
 
+use super::convert::ToTensor;
 use super::decode::{decode_image, DecodeImage};
-use super::geometry::RandomResizedCrop;
+use super::geometry::{Flip, RandomFlip, RandomResizedCrop};
 use super::jpeg::{self, DctScale, JpegRegion};
+use super::resize::{resample_to_tensor, Interpolation, Output};
+use super::scratch::Scratch;
 use super::ImageRef;
 
-/// Decode then RandomResizedCrop, fused (see the module docs). Given the same `Rng`
-/// state it picks the same crop box as `decode` followed by `crop.apply`.
+/// Decode then RandomResizedCrop, fused (see the module docs), optionally followed by a
+/// random flip and `ToTensor` in the same pass. Given the same `Rng` state it picks the
+/// same crop box as `decode` followed by `crop.apply`, and its output is what the
+/// separate kernels would produce with the same draws.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct DecodeRandomResizedCrop {
@@ -42,6 +59,10 @@ pub struct DecodeRandomResizedCrop {
     pub dct_scaling: bool,
     /// Use every scale M/8 (default); off: only 1/8, 1/4, 1/2 and 1.
     pub all_eighths: bool,
+    /// A random flip of the crop (default none).
+    pub flip: Option<RandomFlip>,
+    /// Conversion of the (flipped) crop to float (default none: u8 `[H, W, C]` out).
+    pub to_tensor: Option<ToTensor>,
 }
 
 impl DecodeRandomResizedCrop {
@@ -52,7 +73,21 @@ impl DecodeRandomResizedCrop {
             crop,
             dct_scaling: true,
             all_eighths: true,
+            flip: None,
+            to_tensor: None,
         }
+    }
+
+    /// Adds a random flip after the crop: `flip.apply` fused in.
+    pub fn flip(mut self, flip: RandomFlip) -> DecodeRandomResizedCrop {
+        self.flip = Some(flip);
+        self
+    }
+
+    /// Adds the conversion to float after the crop (and flip): `to_tensor.apply` fused in.
+    pub fn to_tensor(mut self, to_tensor: ToTensor) -> DecodeRandomResizedCrop {
+        self.to_tensor = Some(to_tensor);
+        self
     }
 
     /// Sets whether every M/8 scale may be used, not only 1/8, 1/4, 1/2.
@@ -82,8 +117,59 @@ impl DecodeRandomResizedCrop {
             .unwrap_or(DctScale::FULL)
     }
 
-    /// Decodes `data` and crops it, drawing the box from `rng`.
+    /// Decodes `data`, crops it, and runs the flip and conversion if set, drawing
+    /// everything from `rng` in the separate kernels' order (the box, then the flip):
+    /// the same output as `crop.apply(&decoded, rng)`, then `flip.apply(_, rng)`, then
+    /// `to_tensor.apply(_)`.
     pub fn apply(&self, data: &[u8], rng: &mut Rng) -> Result<Tensor, Error> {
+        self.run(data, rng, None)
+    }
+
+    /// As [`apply`](Self::apply), but the flip's draw comes from `flip_rng`: for a
+    /// pipeline where the crop and the flip are separate operators with a generator
+    /// each. The box is drawn from `crop_rng`, then (unless the decode or the crop
+    /// fails first) the flip decision from `flip_rng`, one draw, as
+    /// `RandomFlip::apply` draws. Without a flip set, `flip_rng` is not used.
+    pub fn apply_chain(
+        &self,
+        data: &[u8],
+        crop_rng: &mut Rng,
+        flip_rng: &mut Rng,
+    ) -> Result<Tensor, Error> {
+        self.run(data, crop_rng, Some(flip_rng))
+    }
+
+    /// The flip to apply, drawn from `flip_rng` or else `rng`.
+    fn decide_flip(&self, rng: &mut Rng, flip_rng: Option<&mut Rng>) -> Option<Flip> {
+        let f = self.flip.as_ref()?;
+        f.decide(flip_rng.unwrap_or(rng)).then_some(f.flip)
+    }
+
+    /// Decode, crop, flip, convert as separate kernels.
+    fn unfused(
+        &self,
+        data: &[u8],
+        rng: &mut Rng,
+        flip_rng: Option<&mut Rng>,
+    ) -> Result<Tensor, Error> {
+        let full = decode_image(data, &self.decode)?;
+        let cropped = self.crop.apply(&full, rng)?;
+        self.finish(cropped, self.decide_flip(rng, flip_rng))
+    }
+
+    /// Flip and convert a u8 crop with the separate kernels.
+    fn finish(&self, cropped: Tensor, flip: Option<Flip>) -> Result<Tensor, Error> {
+        let flipped = match flip {
+            Some(f) => f.apply(&cropped)?,
+            None => cropped,
+        };
+        match &self.to_tensor {
+            Some(t) => t.apply(&flipped),
+            None => Ok(flipped),
+        }
+    }
+
+    fn run(&self, data: &[u8], rng: &mut Rng, flip_rng: Option<&mut Rng>) -> Result<Tensor, Error> {
         self.crop.validate()?;
         let markers = if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
             Some(jpeg::scan_markers(data))
@@ -95,15 +181,13 @@ impl DecodeRandomResizedCrop {
             None => false,
         };
         if !fused {
-            let full = decode_image(data, &self.decode)?;
-            return self.crop.apply(&full, rng);
+            return self.unfused(data, rng, flip_rng);
         }
         let markers = markers.unwrap_or_default();
         let header = jpeg::read_header(data)?;
         jpeg::check_pixels(&header, self.decode.max_pixels)?;
         if header.lossless {
-            let full = decode_image(data, &self.decode)?;
-            return self.crop.apply(&full, rng);
+            return self.unfused(data, rng, flip_rng);
         }
         let b = self.crop.get_params(header.width, header.height, rng);
         let scale = self.choose_scale(b.width, b.height);
@@ -126,24 +210,83 @@ impl DecodeRandomResizedCrop {
             w: x1 - x0,
             h: y1 - y0,
         };
-        let (region, got) =
-            jpeg::decode_with_header(data, &header, &markers, &self.decode, scale, Some(want))
-                .map_err(|e| {
-                    let msg = e
-                        .message
-                        .replacen("decode_jpeg", "decode_random_resized_crop", 1);
-                    stoker_core::Error { message: msg, ..e }
-                })?;
-        let img = ImageRef::from_tensor(&region, "decode_random_resized_crop")?;
+        let mut buf = Scratch::take();
+        let (got, held, c) = jpeg::decode_region_into(
+            data,
+            &header,
+            &markers,
+            &self.decode,
+            scale,
+            Some(want),
+            &mut buf,
+        )
+        .map_err(|e| {
+            let msg = e
+                .message
+                .replacen("decode_jpeg", "decode_random_resized_crop", 1);
+            stoker_core::Error { message: msg, ..e }
+        })?;
+        let flip = self.decide_flip(rng, flip_rng);
+        // `buf` holds `held`, a superset of the region `got`; the box is in `got`'s
+        // coordinates and the resample reads `got` in place.
+        let img = ImageRef {
+            data: &buf,
+            h: held.h,
+            w: held.w,
+            c,
+        };
+        let origin = (got.x - held.x, got.y - held.y);
         let rel = [
             (bx[0] - got.x as f64).max(0.0),
             (bx[1] - got.y as f64).max(0.0),
-            (bx[2] - got.x as f64).min(img.w as f64),
-            (bx[3] - got.y as f64).min(img.h as f64),
+            (bx[2] - got.x as f64).min(got.w as f64),
+            (bx[3] - got.y as f64).min(got.h as f64),
         ];
-        self.crop
-            .resize()
-            .apply_box(img, rel, "decode_random_resized_crop")
+        let [rx0, ry0, rx1, ry1] = rel;
+        if !(rx1 > rx0 && ry1 > ry0) {
+            return Err(Error::invalid(format!(
+                "decode_random_resized_crop: source box {rel:?} is outside a {}x{} image",
+                got.w, got.h
+            )));
+        }
+        let (w, h) = (self.crop.width, self.crop.height);
+        if self.crop.interpolation == Interpolation::Nearest {
+            // Nearest has no fused pass: cut the region and run the separate kernels.
+            let mut cut = Vec::with_capacity(got.w * got.h * c);
+            for y in origin.1..origin.1 + got.h {
+                let row = &buf[(y * held.w + origin.0) * c..];
+                cut.extend_from_slice(&row[..got.w * c]);
+            }
+            let region = super::hwc_tensor(got.h, got.w, c, cut)?;
+            let cropped = self.crop.resize().apply_box(
+                ImageRef::from_tensor(&region, "decode_random_resized_crop")?,
+                rel,
+                "decode_random_resized_crop",
+            )?;
+            return self.finish(cropped, flip);
+        }
+        let tables;
+        let output = match &self.to_tensor {
+            Some(t) => {
+                tables = t.tables(c)?;
+                Output::Tables(&tables, t.layout)
+            }
+            None => Output::U8,
+        };
+        let out = resample_to_tensor(
+            img,
+            origin,
+            (got.w, got.h),
+            rel,
+            (w, h),
+            (self.crop.interpolation, self.crop.antialias),
+            flip,
+            output,
+        );
+        match &self.to_tensor {
+            Some(t) => Tensor::new(t.dtype, t.shape(c, h, w), Bytes::from(out)),
+            None => super::hwc_tensor(h, w, c, out),
+        }
     }
 }
 

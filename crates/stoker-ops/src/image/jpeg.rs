@@ -233,8 +233,10 @@ impl Decompressor {
         })
     }
 
-    /// Decodes into a fresh buffer of `channels` per pixel. The header must have been read
-    /// by [`Decompressor::header`] on the same data just before.
+    /// Decodes into `out` (resized to the image; a fresh buffer is zeroed, a reused one
+    /// is overwritten whole by libjpeg) with `channels` per pixel. The header must have
+    /// been read by [`Decompressor::header`] on the same data just before.
+    #[allow(clippy::too_many_arguments)]
     fn decompress(
         &self,
         data: &[u8],
@@ -243,7 +245,8 @@ impl Decompressor {
         region: Option<JpegRegion>,
         (pixel_format, channels): (tj::TJPF, usize),
         allow_truncated: bool,
-    ) -> Result<(Vec<u8>, usize, usize), Error> {
+        out: &mut Vec<u8>,
+    ) -> Result<(usize, usize), Error> {
         let sf = if header.lossless {
             DctScale::FULL
         } else {
@@ -291,7 +294,17 @@ impl Decompressor {
             .checked_mul(h)
             .and_then(|n| n.checked_mul(channels))
             .ok_or_else(|| Error::operator("decode_jpeg: image size overflows"))?;
-        let mut out = vec![0u8; len];
+        if out.capacity() == 0 {
+            *out = vec![0u8; len];
+        } else {
+            // Every row is written on success and on the warnings accepted below, except
+            // the rows of a truncated file that libjpeg never reaches: zero those as a
+            // fresh buffer would be.
+            out.resize(len, 0);
+            if allow_truncated {
+                out.fill(0);
+            }
+        }
         // SAFETY: `out` holds exactly pitch * h bytes for the (scaled, cropped) output
         // that libjpeg-turbo writes with this pitch and pixel format.
         let rc = unsafe {
@@ -320,7 +333,7 @@ impl Decompressor {
                 return Err(Error::operator(format!("decode_jpeg: {what}: {msg}")));
             }
         }
-        Ok((out, w, h))
+        Ok((w, h))
     }
 }
 
@@ -364,22 +377,7 @@ pub(crate) fn check_pixels(header: &JpegHeader, max_pixels: u64) -> Result<(), E
     Ok(())
 }
 
-/// Decodes with an already-read header (the fused crop reads it first to draw the box).
-pub(crate) fn decode_with_header(
-    data: &[u8],
-    header: &JpegHeader,
-    markers: &Markers,
-    options: &DecodeImage,
-    scale: DctScale,
-    region: Option<JpegRegion>,
-) -> Result<(Tensor, JpegRegion), Error> {
-    with_decompressor(|d| {
-        // A fresh handle: read the header into it (cheap).
-        d.header(data)?;
-        decode_with(d, data, header, markers, options, scale, region)
-    })
-}
-
+/// Decodes with an already-read header.
 fn decode_with(
     d: &Decompressor,
     data: &[u8],
@@ -389,6 +387,54 @@ fn decode_with(
     scale: DctScale,
     region: Option<JpegRegion>,
 ) -> Result<(Tensor, JpegRegion), Error> {
+    let mut px = Vec::new();
+    let (want, superset, c) =
+        decode_into(d, data, header, markers, options, scale, region, &mut px)?;
+    let px = if superset == want {
+        px
+    } else {
+        let stride = superset.w * c;
+        let dx = (want.x - superset.x) * c;
+        let mut out = Vec::with_capacity(want.w * want.h * c);
+        for y in want.y - superset.y..want.y - superset.y + want.h {
+            out.extend_from_slice(&px[y * stride + dx..y * stride + dx + want.w * c]);
+        }
+        out
+    };
+    Ok((hwc_tensor(want.h, want.w, c, px)?, want))
+}
+
+/// Decodes `region` (or all) of a JPEG whose header is `header` into `buf`, for a caller
+/// that only reads the pixels (the fused crop: `buf` is a reused scratch buffer, so no
+/// allocation, zeroing or page faults per image). Returns the region asked for (clamped
+/// to the image), the region `buf` holds (a superset of it, row-major, `c` channels)
+/// and `c`.
+pub(crate) fn decode_region_into(
+    data: &[u8],
+    header: &JpegHeader,
+    markers: &Markers,
+    options: &DecodeImage,
+    scale: DctScale,
+    region: Option<JpegRegion>,
+    buf: &mut Vec<u8>,
+) -> Result<(JpegRegion, JpegRegion, usize), Error> {
+    with_decompressor(|d| {
+        d.header(data)?;
+        decode_into(d, data, header, markers, options, scale, region, buf)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decode_into(
+    d: &Decompressor,
+    data: &[u8],
+    header: &JpegHeader,
+    markers: &Markers,
+    options: &DecodeImage,
+    scale: DctScale,
+    region: Option<JpegRegion>,
+    buf: &mut Vec<u8>,
+) -> Result<(JpegRegion, JpegRegion, usize), Error> {
     let scale = if header.lossless {
         DctScale::FULL
     } else {
@@ -449,20 +495,24 @@ fn decode_with(
     };
     let crop = (superset != full).then_some(superset);
     let gray = options.mode == ColorMode::Gray;
-    let (px, c) = if header.is_cmyk() {
-        let (px, _, _) = d.decompress(
+    let c = if header.is_cmyk() {
+        let mut cmyk = Vec::new();
+        d.decompress(
             data,
             header,
             scale,
             crop,
             (tj::TJPF_TJPF_CMYK, 4),
             options.allow_truncated,
+            &mut cmyk,
         )?;
-        let rgb = cmyk_to_rgb(&px, markers.adobe);
+        let rgb = cmyk_to_rgb(&cmyk, markers.adobe);
         if gray {
-            (rgb_to_gray(&rgb), 1)
+            *buf = rgb_to_gray(&rgb);
+            1
         } else {
-            (rgb, 3)
+            *buf = rgb;
+            3
         }
     } else {
         let (pf, c) = if gray {
@@ -470,22 +520,18 @@ fn decode_with(
         } else {
             (tj::TJPF_TJPF_RGB, 3)
         };
-        let (px, _, _) =
-            d.decompress(data, header, scale, crop, (pf, c), options.allow_truncated)?;
-        (px, c)
+        d.decompress(
+            data,
+            header,
+            scale,
+            crop,
+            (pf, c),
+            options.allow_truncated,
+            buf,
+        )?;
+        c
     };
-    let px = if superset == want {
-        px
-    } else {
-        let stride = superset.w * c;
-        let dx = (want.x - superset.x) * c;
-        let mut out = Vec::with_capacity(want.w * want.h * c);
-        for y in want.y - superset.y..want.y - superset.y + want.h {
-            out.extend_from_slice(&px[y * stride + dx..y * stride + dx + want.w * c]);
-        }
-        out
-    };
-    Ok((hwc_tensor(want.h, want.w, c, px)?, want))
+    Ok((want, superset, c))
 }
 
 /// CMYK to RGB the way PIL converts: Adobe files store inverted ink values (PIL reads

@@ -9,8 +9,13 @@
 //! read) into a u8 intermediate, then a vertical pass. The source box may be fractional,
 //! which is how the fused decode maps a DCT-scaled region onto the output exactly.
 
+use std::mem::MaybeUninit;
+
 use stoker_core::{Error, Tensor};
 
+use super::convert::{Layout, Tables};
+use super::geometry::Flip;
+use super::scratch::Scratch;
 use super::{hwc_tensor, ImageRef};
 
 /// Interpolation filters.
@@ -290,6 +295,49 @@ impl Weights {
     }
 }
 
+impl Weights {
+    /// Weights that copy `n` source pixels unchanged (one tap of weight 1.0 each):
+    /// the resample of an axis that needs none, in the same arithmetic.
+    fn identity(n: usize) -> Weights {
+        Weights {
+            bounds: (0..n).map(|i| (i, 1)).collect(),
+            k: vec![1 << PRECISION_BITS; n],
+            ksize: 1,
+            fixed: Some((0..n).map(|i| (i, 0)).collect()),
+        }
+    }
+
+    /// Moves every source index by `off` (the box's axis starts `off` pixels into the
+    /// buffer that is read).
+    fn shift(&mut self, off: usize) {
+        for b in &mut self.bounds {
+            b.0 += off;
+        }
+        if let Some(f) = &mut self.fixed {
+            for b in f {
+                b.0 += off;
+            }
+        }
+    }
+
+    /// Reverses the order of the outputs: the resampled axis comes out mirrored, with
+    /// each output sample computed exactly as before.
+    fn reverse(&mut self) {
+        self.bounds.reverse();
+        if let Some(f) = &mut self.fixed {
+            f.reverse();
+        }
+        let k: Vec<i32> = self
+            .k
+            .chunks_exact(self.ksize)
+            .rev()
+            .flatten()
+            .copied()
+            .collect();
+        self.k = k;
+    }
+}
+
 /// One output pixel of `C` channels from a window of `K` taps.
 #[inline(always)]
 fn window<const K: usize, const C: usize>(px: &[u8], k: &[i32], o: &mut [u8]) {
@@ -317,14 +365,14 @@ const HALF: i32 = 1 << (PRECISION_BITS - 1);
 /// compiled for AVX2 (8 lanes of 32-bit multiplies, which the SSE2 baseline lacks) and
 /// picked at run time. Same arithmetic, same results.
 macro_rules! dispatch {
-    ($name:ident, $imp:ident, $avx:ident, ($($arg:ident: $ty:ty),*)) => {
+    ($name:ident, $imp:path, $avx:ident, ($($arg:ident: $ty:ty),*)) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2")]
-        fn $avx($($arg: $ty),*) -> Vec<u8> {
+        fn $avx($($arg: $ty),*) {
             $imp($($arg),*)
         }
 
-        fn $name($($arg: $ty),*) -> Vec<u8> {
+        fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU supports AVX2, checked just above.
@@ -336,8 +384,15 @@ macro_rules! dispatch {
 }
 
 dispatch!(horizontal_direct, horizontal_impl, horizontal_avx2,
-    (src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w: usize));
-dispatch!(vertical, vertical_impl, vertical_avx2, (src: ImageRef<'_>, wt: &Weights, out_h: usize));
+    (src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w: usize, out: &mut Vec<u8>));
+dispatch!(vertical, vertical_impl, vertical_avx2,
+    (src: ImageRef<'_>, wt: &Weights, out_h: usize, out: &mut Vec<u8>));
+dispatch!(columns, columns_impl, columns_avx2,
+    (t: ImageRef<'_>, wt: &Weights, out_w: usize, out: &mut Vec<u8>));
+dispatch!(vertical_f32, vertical_lut_impl::<4>, vertical_f32_avx2,
+    (src: ImageRef<'_>, wt: &Weights, lut: &[[[u8; 4]; 256]], layout: Layout, out: &mut [MaybeUninit<u8>]));
+dispatch!(vertical_f16, vertical_lut_impl::<2>, vertical_f16_avx2,
+    (src: ImageRef<'_>, wt: &Weights, lut: &[[[u8; 2]; 256]], layout: Layout, out: &mut [MaybeUninit<u8>]));
 
 /// Horizontal pass over rows `y0..y1` of `src` into a `(y1 - y0) x out_w` buffer.
 ///
@@ -345,16 +400,31 @@ dispatch!(vertical, vertical_impl, vertical_avx2, (src: ImageRef<'_>, wt: &Weigh
 /// (each tap is a whole row times one weight). For images of any size the rows are
 /// therefore transposed, filtered vertically, and transposed back: the same sums in the
 /// same order, so the same bytes, in about half the time.
-fn horizontal(src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w: usize) -> Vec<u8> {
+fn horizontal(
+    src: ImageRef<'_>,
+    y0: usize,
+    y1: usize,
+    wt: &Weights,
+    out_w: usize,
+    out: &mut Vec<u8>,
+) {
     let rows = y1 - y0;
     if rows < 8 || src.w < 8 {
-        return horizontal_direct(src, y0, y1, wt, out_w);
+        return horizontal_direct(src, y0, y1, wt, out_w, out);
     }
     let c = src.c;
-    // Only the columns the weights read: a crop's, not the whole image's.
-    let x0 = wt.bounds.first().map_or(0, |b| b.0);
-    let x1 = wt.bounds.last().map_or(src.w, |b| b.0 + b.1).max(x0 + 1);
-    let t = transpose_cols(src, y0, y1, x0, x1);
+    // Only the columns the weights read: a crop's, not the whole image's. (The bounds
+    // run right to left when the output is mirrored.)
+    let x0 = wt.bounds.iter().map(|b| b.0).min().unwrap_or(0);
+    let x1 = wt
+        .bounds
+        .iter()
+        .map(|b| b.0 + b.1)
+        .max()
+        .unwrap_or(src.w)
+        .max(x0 + 1);
+    let mut t = Scratch::take();
+    transpose_cols(src, y0, y1, x0, x1, &mut t);
     let shifted;
     let wt = if x0 == 0 {
         wt
@@ -367,31 +437,74 @@ fn horizontal(src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w: usiz
         };
         &shifted
     };
-    let tv = vertical(
-        ImageRef {
-            data: &t,
-            h: x1 - x0,
-            w: rows,
-            c,
-        },
-        wt,
-        out_w,
-    );
-    let back = ImageRef {
-        data: &tv,
-        h: out_w,
+    let t = ImageRef {
+        data: &t,
+        h: x1 - x0,
         w: rows,
         c,
     };
-    transpose_cols(back, 0, out_w, 0, rows)
+    columns(t, wt, out_w, out);
+}
+
+/// The horizontal filter run as a vertical one over the transposed tile `t` (one row per
+/// source column, `t.w` pixels each): output column `xx` is the weighted sum of `t`'s
+/// rows, rounded, and is written straight into column `xx` of `out` (`t.w` rows of
+/// `out_w` pixels), which transposes it back.
+#[inline(always)]
+fn columns_impl(t: ImageRef<'_>, wt: &Weights, out_w: usize, out: &mut Vec<u8>) {
+    let (rows, c) = (t.w, t.c);
+    let stride = rows * c;
+    assert_eq!(wt.bounds.len(), out_w);
+    // Every byte is written below.
+    out.resize(rows * out_w * c, 0);
+    let mut acc = vec![0i32; stride];
+    let mut col = vec![0u8; stride];
+    for (xx, &(xmin, n)) in wt.bounds.iter().enumerate() {
+        acc.fill(HALF);
+        let k = &wt.k[xx * wt.ksize..xx * wt.ksize + n];
+        for (j, &w) in k.iter().enumerate() {
+            let row = t.row(xmin + j);
+            for (a, &p) in acc.iter_mut().zip(row) {
+                *a += p as i32 * w;
+            }
+        }
+        for (o, &a) in col.iter_mut().zip(&acc) {
+            *o = clip8(a);
+        }
+        if c == 3 {
+            let dst = out.as_mut_ptr();
+            for (r, px) in col.chunks_exact(3).enumerate() {
+                // SAFETY: r < rows and xx < out_w, so the 3 bytes at
+                // (r * out_w + xx) * 3 lie inside `out` (rows * out_w * 3 bytes).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(px.as_ptr(), dst.add((r * out_w + xx) * 3), 3)
+                };
+            }
+        } else {
+            for (r, px) in col.chunks_exact(c).enumerate() {
+                let d = (r * out_w + xx) * c;
+                out[d..d + c].copy_from_slice(px);
+            }
+        }
+    }
 }
 
 /// Rows `y0..y1`, columns `x0..x1` of `src` with the axes swapped (pixels of `c` bytes),
 /// in cache-sized tiles: the result has `x1 - x0` rows of `y1 - y0` pixels.
-fn transpose_cols(src: ImageRef<'_>, y0: usize, y1: usize, x0: usize, x1: usize) -> Vec<u8> {
+fn transpose_cols(
+    src: ImageRef<'_>,
+    y0: usize,
+    y1: usize,
+    x0: usize,
+    x1: usize,
+    out: &mut Vec<u8>,
+) {
     let (w, c) = (src.w, src.c);
     let h = y1 - y0;
-    let mut out = vec![0u8; (x1 - x0) * h * c];
+    // Every byte is written below.
+    out.resize((x1 - x0) * h * c, 0);
+    assert!(y1 <= src.h && x1 <= w && src.data.len() >= src.h * w * c);
+    let (sp, dp) = (src.data.as_ptr(), out.as_mut_ptr());
     const T: usize = 16;
     for by in (y0..y1).step_by(T) {
         for bx in (x0..x1).step_by(T) {
@@ -402,12 +515,16 @@ fn transpose_cols(src: ImageRef<'_>, y0: usize, y1: usize, x0: usize, x1: usize)
                 match c {
                     3 => {
                         for x in xs {
-                            let d = ((x - x0) * h + yy) * 3;
-                            let p = &row[x * 3..x * 3 + 3];
-                            let o = &mut out[d..d + 3];
-                            o[0] = p[0];
-                            o[1] = p[1];
-                            o[2] = p[2];
+                            // SAFETY: y < y1 <= src.h and x < x1 <= w (asserted above):
+                            // the source pixel is inside `src.data`; x - x0 < x1 - x0 and
+                            // yy < h: the destination is inside `out`.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    sp.add((y * w + x) * 3),
+                                    dp.add(((x - x0) * h + yy) * 3),
+                                    3,
+                                )
+                            };
                         }
                     }
                     1 => {
@@ -425,15 +542,21 @@ fn transpose_cols(src: ImageRef<'_>, y0: usize, y1: usize, x0: usize, x1: usize)
             }
         }
     }
-    out
 }
 
 #[inline(always)]
-fn horizontal_impl(src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w: usize) -> Vec<u8> {
+fn horizontal_impl(
+    src: ImageRef<'_>,
+    y0: usize,
+    y1: usize,
+    wt: &Weights,
+    out_w: usize,
+    out: &mut Vec<u8>,
+) {
+    out.resize((y1 - y0) * out_w * src.c, 0);
     if let Some(fixed) = &wt.fixed {
         macro_rules! fixed_pass {
             ($k:literal, $c:literal) => {{
-                let mut out = vec![0u8; (y1 - y0) * out_w * $c];
                 for (orow, y) in out.chunks_exact_mut(out_w * $c).zip(y0..y1) {
                     let row = src.row(y);
                     for ((o, &(start, _)), k) in orow
@@ -444,7 +567,7 @@ fn horizontal_impl(src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w:
                         window::<$k, $c>(&row[start * $c..], k, o);
                     }
                 }
-                return out;
+                return;
             }};
         }
         match (wt.ksize, src.c) {
@@ -460,7 +583,6 @@ fn horizontal_impl(src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w:
         }
     }
     let c = src.c;
-    let mut out = vec![0u8; (y1 - y0) * out_w * c];
     for (oy, y) in (y0..y1).enumerate() {
         let row = src.row(y);
         let orow = &mut out[oy * out_w * c..(oy + 1) * out_w * c];
@@ -504,14 +626,13 @@ fn horizontal_impl(src: ImageRef<'_>, y0: usize, y1: usize, wt: &Weights, out_w:
             }
         }
     }
-    out
 }
 
 /// Vertical pass: `src` rows are already offset so that bounds index into them.
 #[inline(always)]
-fn vertical_impl(src: ImageRef<'_>, wt: &Weights, out_h: usize) -> Vec<u8> {
+fn vertical_impl(src: ImageRef<'_>, wt: &Weights, out_h: usize, out: &mut Vec<u8>) {
     let stride = src.w * src.c;
-    let mut out = vec![0u8; out_h * stride];
+    out.resize(out_h * stride, 0);
     let mut acc = vec![0i32; stride];
     for (yy, &(ymin, n)) in wt.bounds.iter().enumerate() {
         acc.fill(HALF);
@@ -526,7 +647,62 @@ fn vertical_impl(src: ImageRef<'_>, wt: &Weights, out_h: usize) -> Vec<u8> {
             *o = clip8(a);
         }
     }
-    out
+}
+
+/// The vertical pass of a fused resize + `ToTensor`: each output sample, rounded to u8
+/// exactly as [`vertical_impl`] does, is written as its channel's table entry (`N`
+/// bytes) into `[C, H, W]` planes or `[H, W, C]` pixels. Output row `yy` uses
+/// `wt.bounds[yy]`, so reversed weights flip the image vertically.
+#[inline(always)]
+fn vertical_lut_impl<const N: usize>(
+    src: ImageRef<'_>,
+    wt: &Weights,
+    lut: &[[[u8; N]; 256]],
+    layout: Layout,
+    out: &mut [MaybeUninit<u8>],
+) {
+    let (w, c) = (src.w, src.c);
+    let stride = w * c;
+    let out_h = wt.bounds.len();
+    let plane = out_h * w * N;
+    // Every byte of `out` is written below: each output row of each plane (or of
+    // pixels), whole.
+    assert_eq!(out.len(), out_h * stride * N);
+    assert!(lut.len() >= c);
+    let mut acc = vec![0i32; stride];
+    let mut row8 = vec![0u8; stride];
+    for (yy, &(ymin, n)) in wt.bounds.iter().enumerate() {
+        acc.fill(HALF);
+        let k = &wt.k[yy * wt.ksize..yy * wt.ksize + n];
+        for (j, &wj) in k.iter().enumerate() {
+            let row = src.row(ymin + j);
+            for (a, &p) in acc.iter_mut().zip(row) {
+                *a += p as i32 * wj;
+            }
+        }
+        // Round to u8 first (vectorised), then look up (one load and one store each).
+        for (o, &a) in row8.iter_mut().zip(&acc) {
+            *o = clip8(a);
+        }
+        match layout {
+            Layout::Chw => {
+                for (ch, t) in lut.iter().enumerate().take(c) {
+                    let o = &mut out[ch * plane + yy * w * N..ch * plane + (yy + 1) * w * N];
+                    for (o, px) in o.chunks_exact_mut(N).zip(row8.chunks_exact(c)) {
+                        put(o, &t[px[ch] as usize]);
+                    }
+                }
+            }
+            Layout::Hwc => {
+                let o = &mut out[yy * stride * N..(yy + 1) * stride * N];
+                for (o, px) in o.chunks_exact_mut(c * N).zip(row8.chunks_exact(c)) {
+                    for ((o, &v), t) in o.chunks_exact_mut(N).zip(px).zip(lut) {
+                        put(o, &t[v as usize]);
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn nearest(src: ImageRef<'_>, b: [f64; 4], out_w: usize, out_h: usize) -> Vec<u8> {
@@ -561,15 +737,16 @@ pub(crate) fn resample(
     }
     let need_h = out_w != src.w || b[0] != 0.0 || b[2] != src.w as f64;
     let need_v = out_h != src.h || b[1] != 0.0 || b[3] != src.h as f64;
+    let mut out = Vec::new();
     match (need_h, need_v) {
-        (false, false) => src.data.to_vec(),
+        (false, false) => out = src.data.to_vec(),
         (true, false) => {
             let wh = weights(src.w, b[0], b[2], out_w, f, antialias);
-            horizontal(src, 0, src.h, &wh, out_w)
+            horizontal(src, 0, src.h, &wh, out_w, &mut out);
         }
         (false, true) => {
             let wv = weights(src.h, b[1], b[3], out_h, f, antialias);
-            vertical(src, &wv, out_h)
+            vertical(src, &wv, out_h, &mut out);
         }
         (true, true) => {
             let wh = weights(src.w, b[0], b[2], out_w, f, antialias);
@@ -580,14 +757,126 @@ pub(crate) fn resample(
             for bd in &mut wv.bounds {
                 bd.0 -= first;
             }
-            let mid = horizontal(src, first, last.max(first + 1), &wh, out_w);
+            let mut mid = Scratch::take();
+            horizontal(src, first, last.max(first + 1), &wh, out_w, &mut mid);
             let mid_ref = ImageRef {
                 data: &mid,
                 h: last.max(first + 1) - first,
                 w: out_w,
                 c: src.c,
             };
-            vertical(mid_ref, &wv, out_h)
+            vertical(mid_ref, &wv, out_h, &mut out);
+        }
+    }
+    out
+}
+
+/// Writes `v` into `o` (`MaybeUninit::write_copy_of_slice` needs Rust 1.93).
+#[inline(always)]
+fn put<const N: usize>(o: &mut [MaybeUninit<u8>], v: &[u8; N]) {
+    for (o, &b) in o.iter_mut().zip(v) {
+        o.write(b);
+    }
+}
+
+/// What [`resample_to_tensor`] writes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Output<'a> {
+    /// u8 `[H, W, C]`, as [`resample`].
+    U8,
+    /// Each sample through its channel's `ToTensor` table, in this layout.
+    Tables(&'a Tables, Layout),
+}
+
+/// Resize, optional flip, and `ToTensor` in one kernel: the box `b` of the `size.0` x
+/// `size.1` image that starts at `origin` in `src` (a decoded superset of it) is resampled
+/// to `out_w` x `out_h` by the separable filter, mirrored by reversing one axis's
+/// weights, and the vertical pass writes each sample through its channel's table
+/// straight into the output layout (or, for [`Output::U8`], writes u8). Every sample is rounded to u8 as [`resample`]
+/// rounds it, so the result is bit-identical to `resample`, then `Flip::apply`, then
+/// `ToTensor::apply`, without the intermediate u8 image, the flipped copy or the
+/// separate conversion pass. Not for `Nearest` (the caller runs the separate kernels).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resample_to_tensor(
+    src: ImageRef<'_>,
+    origin: (usize, usize),
+    size: (usize, usize),
+    b: [f64; 4],
+    (out_w, out_h): (usize, usize),
+    (f, antialias): (Interpolation, bool),
+    flip: Option<Flip>,
+    output: Output<'_>,
+) -> Vec<u8> {
+    debug_assert!(f != Interpolation::Nearest);
+    let need_h = out_w != size.0 || b[0] != 0.0 || b[2] != size.0 as f64;
+    let need_v = out_h != size.1 || b[1] != 0.0 || b[3] != size.1 as f64;
+    let mut wh = if need_h {
+        weights(size.0, b[0], b[2], out_w, f, antialias)
+    } else {
+        Weights::identity(out_w)
+    };
+    let mut wv = if need_v {
+        weights(size.1, b[1], b[3], out_h, f, antialias)
+    } else {
+        Weights::identity(out_h)
+    };
+    wh.shift(origin.0);
+    wv.shift(origin.1);
+    match flip {
+        Some(Flip::Horizontal) => wh.reverse(),
+        Some(Flip::Vertical) => wv.reverse(),
+        None => {}
+    }
+    // Only the rows the vertical pass reads go through the horizontal pass.
+    let first = wv.bounds.iter().map(|b| b.0).min().unwrap_or(0);
+    let last = wv.bounds.iter().map(|b| b.0 + b.1).max().unwrap_or(0);
+    let last = last.max(first + 1);
+    for bd in &mut wv.bounds {
+        bd.0 -= first;
+    }
+    let mut mid = Scratch::take();
+    horizontal(src, first, last, &wh, out_w, &mut mid);
+    let mid_ref = ImageRef {
+        data: &mid,
+        h: last - first,
+        w: out_w,
+        c: src.c,
+    };
+    let n = out_w * out_h * src.c;
+    match output {
+        Output::U8 => {
+            let mut out = Vec::new();
+            vertical(mid_ref, &wv, out_h, &mut out);
+            out
+        }
+        // The output is written whole by the pass, so it is not zeroed first (a
+        // measurable memset on a 600 KB tensor).
+        Output::Tables(Tables::F32(lut), layout) => {
+            let mut out = Vec::with_capacity(n * 4);
+            vertical_f32(
+                mid_ref,
+                &wv,
+                lut,
+                layout,
+                &mut out.spare_capacity_mut()[..n * 4],
+            );
+            // SAFETY: `vertical_lut_impl` wrote all n * 4 bytes (it asserts the length
+            // and writes every row whole).
+            unsafe { out.set_len(n * 4) };
+            out
+        }
+        Output::Tables(Tables::F16(lut), layout) => {
+            let mut out = Vec::with_capacity(n * 2);
+            vertical_f16(
+                mid_ref,
+                &wv,
+                lut,
+                layout,
+                &mut out.spare_capacity_mut()[..n * 2],
+            );
+            // SAFETY: as above, all n * 2 bytes were written.
+            unsafe { out.set_len(n * 2) };
+            out
         }
     }
 }
