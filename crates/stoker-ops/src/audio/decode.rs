@@ -20,7 +20,10 @@ use std::io::Cursor;
 
 use stoker_core::Error;
 use symphonia::core::audio::SampleBuffer;
-use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
+use symphonia::core::codecs::{
+    DecoderOptions, CODEC_TYPE_MP1, CODEC_TYPE_MP2, CODEC_TYPE_MP3, CODEC_TYPE_NULL,
+    CODEC_TYPE_VORBIS,
+};
 use symphonia::core::errors::Error as SymError;
 use symphonia::core::formats::{FormatOptions, FormatReader, SeekMode, SeekTo};
 use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions};
@@ -166,6 +169,10 @@ pub fn audio_info(bytes: &[u8]) -> Result<AudioInfo, Error> {
 
 const OP: &str = "decode_audio";
 
+/// Frames decoded before the requested offset when a lossy stream seeks (two 2048-sample
+/// Vorbis blocks; more than three MP3 frames).
+const PREROLL_FRAMES: u64 = 4096;
+
 struct TrackInfo {
     id: u32,
     sample_rate: u32,
@@ -280,22 +287,33 @@ fn decode(bytes: &[u8], o: &DecodeAudio) -> Result<(Audio, DecodeReport), Error>
             e => sym_err(e),
         })?;
 
-    // Position (in frames) of the next decoded frame.
-    let mut pos: u64 = 0;
+    // Timeline position (in frames) where the next decoded frame belongs; packets carry
+    // their own timestamps, which place the first one and reveal frames the container
+    // reader dropped (a FLAC frame that failed its CRC is skipped by resynchronising).
+    let mut pos: Option<u64> = None;
+    // Lossy decoders need a few frames of history after a seek (MP3's bit reservoir and
+    // overlap-add, Vorbis' previous block) before their output equals a continuous
+    // decode's, so seek that much earlier; the frames before `start` are dropped anyway.
+    let lossy = [
+        CODEC_TYPE_MP1,
+        CODEC_TYPE_MP2,
+        CODEC_TYPE_MP3,
+        CODEC_TYPE_VORBIS,
+    ]
+    .contains(&track.params.codec);
+    let preroll = if lossy { PREROLL_FRAMES } else { 0 };
     if start > 0 {
+        let seek_frames = start.saturating_sub(preroll);
         let seek = reader.seek(
             SeekMode::Accurate,
             SeekTo::Time {
-                time: Time::from(o.offset_s),
+                time: Time::from(seek_frames as f64 / rate as f64),
                 track_id: Some(track.id),
             },
         );
         match seek {
-            Ok(s) => {
-                pos = ts_to_frames(s.actual_ts, track.params.time_base, rate);
-                decoder.reset();
-            }
-            Err(SymError::SeekError(_)) => {
+            Ok(_) => decoder.reset(),
+            Err(SymError::SeekError(_)) | Err(SymError::IoError(_)) => {
                 // Past the end (an empty result), or a stream that cannot seek: decode from
                 // the start and drop the frames before `start`.
                 match header_frames {
@@ -375,6 +393,27 @@ fn decode(bytes: &[u8], o: &DecodeAudio) -> Result<(Audio, DecodeReport), Error>
         if packet.track_id() != track.id {
             continue;
         }
+        let pts = ts_to_frames(packet.ts(), track.params.time_base, rate);
+        let at = match pos {
+            None => pts,
+            Some(p) if pts > p => {
+                // A gap: frames the reader could not deliver. Silence keeps the timing.
+                let gap = (pts - p).min(o.max_samples.saturating_add(1)) as usize;
+                report.bad_packets += 1;
+                if report.bad_packets > o.max_bad_packets {
+                    return Err(Error::operator(format!(
+                        "{OP}: more than {} corrupt packets (last: {gap} frames missing)",
+                        o.max_bad_packets
+                    )));
+                }
+                if let Some(c) = n_ch {
+                    push(&mut channels, None, gap, c, p, &mut kept)?;
+                }
+                pts
+            }
+            Some(p) => p,
+        };
+        pos = Some(at);
         match decoder.decode(&packet) {
             Ok(buf) => {
                 let spec = *buf.spec();
@@ -410,10 +449,10 @@ fn decode(bytes: &[u8], o: &DecodeAudio) -> Result<(Audio, DecodeReport), Error>
                     Some(&sb.samples()[..frames * c]),
                     frames,
                     c,
-                    pos,
+                    at,
                     &mut kept,
                 )?;
-                pos += frames as u64;
+                pos = Some(at + frames as u64);
             }
             Err(SymError::DecodeError(msg)) => {
                 report.bad_packets += 1;
@@ -427,9 +466,9 @@ fn decode(bytes: &[u8], o: &DecodeAudio) -> Result<(Audio, DecodeReport), Error>
                 let frames = ts_to_frames(packet.dur(), track.params.time_base, rate);
                 let frames = frames.min(o.max_samples.saturating_add(1)) as usize;
                 if let Some(c) = n_ch {
-                    push(&mut channels, None, frames, c, pos, &mut kept)?;
+                    push(&mut channels, None, frames, c, at, &mut kept)?;
                 }
-                pos += frames as u64;
+                pos = Some(at + frames as u64);
             }
             Err(SymError::IoError(_)) => {
                 // A packet cut short by the end of the data.
