@@ -21,8 +21,8 @@ use super::{f32_tensor, waveform, Audio};
 
 const OP: &str = "resample";
 
-/// Refuse filters larger than this many taps in all (about 256 MiB).
-const MAX_TAPS: u64 = 1 << 26;
+/// Refuse filters larger than this many taps in all (64 MiB).
+const MAX_TAPS: u64 = 1 << 24;
 
 /// A precomputed resampling filter from one rate to another.
 #[derive(Debug, Clone)]
@@ -95,12 +95,17 @@ impl ResampleKernel {
         for j in 0..n {
             let shift = -(j as f32) / n as f32;
             let t_of = |k: usize| ((k as f32 - width as f32) / o as f32 + shift) * base32;
-            // The non-zero run is the interval where |t| < lpw; t grows with k.
-            let first = (0..2 * width + o).find(|&k| t_of(k) > -lpw32);
-            let Some(first) = first else {
+            // The non-zero run is the interval where |t| < lpw; t grows with k. Start a
+            // couple of taps before where it begins in exact arithmetic, then step.
+            let guess = width as f64 + o as f64 * (j as f64 / n as f64 - lpw / base) - 2.0;
+            let mut first = guess.max(0.0) as usize;
+            while first < 2 * width + o && t_of(first) <= -lpw32 {
+                first += 1;
+            }
+            if first == 2 * width + o {
                 spans.push((0, 0));
                 continue;
-            };
+            }
             let start = taps.len();
             let mut k = first;
             while k < 2 * width + o {
