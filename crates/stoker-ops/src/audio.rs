@@ -48,8 +48,8 @@ pub use decode::{
 };
 pub use resample::{Resample, ResampleKernel};
 pub use spectral::{
-    melscale_fbanks, AmplitudeToDb, MelNorm, MelScale, MelScaleKind, MelSpectrogram, SType,
-    Spectrogram, Stft,
+    complex_power, melscale_fbanks, AmplitudeToDb, MelNorm, MelScale, MelScaleKind, MelSpectrogram,
+    SType, Spectrogram, Stft,
 };
 
 /// A decoded clip: `samples` is `f32` `[channels, frames]`, `sample_rate` in Hz.

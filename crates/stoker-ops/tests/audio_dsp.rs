@@ -4,8 +4,8 @@
 use stoker_core::rng::Rng;
 use stoker_core::{ErrorKind, Tensor};
 use stoker_ops::audio::{
-    AmplitudeToDb, Audio, FrequencyMasking, MelSpectrogram, RandomTimeStretch, Resample,
-    ResampleKernel, SType, Spectrogram, Stft, TimeMasking, TimeStretch,
+    complex_power, AmplitudeToDb, Audio, FrequencyMasking, MelSpectrogram, RandomTimeStretch,
+    Resample, ResampleKernel, SType, Spectrogram, Stft, TimeMasking, TimeStretch,
 };
 
 fn tone(rate: u32, hz: f64, n: usize, channels: usize) -> Audio {
@@ -73,6 +73,7 @@ fn spectrogram_shapes_and_short_inputs() {
     let c = Stft::new(400).hop_length(160).apply(&a.samples).unwrap();
     assert_eq!(c.shape(), &[2, 201, 101, 2]);
     // Power 2 is the squared magnitude of the complex STFT.
+    assert_eq!(complex_power(&c, 2.0).unwrap(), s);
     let (sv, cv) = (s.to_vec::<f32>().unwrap(), c.to_vec::<f32>().unwrap());
     for i in (0..sv.len()).step_by(97) {
         let p = cv[2 * i] * cv[2 * i] + cv[2 * i + 1] * cv[2 * i + 1];

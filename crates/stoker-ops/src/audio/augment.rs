@@ -107,31 +107,27 @@ impl TimeStretch {
             .collect();
         let two_pi = (2.0 * std::f64::consts::PI) as f32;
         let mut out = vec![0.0f32; batch * f * t_out * 2];
-        let at = |b: usize, k: usize, j: usize| -> (f32, f32) {
-            if j < t {
-                let i = ((b * f + k) * t + j) * 2;
-                (data[i], data[i + 1])
-            } else {
-                (0.0, 0.0)
-            }
-        };
+        // Angle and magnitude of every input frame of a bin, computed once (each is used by
+        // up to two output frames), with the two zero frames torchaudio pads at the end.
+        let mut angle = vec![0.0f32; t + 2];
+        let mut norm = vec![0.0f32; t + 2];
         for b in 0..batch {
             for (k, &adv) in advance.iter().enumerate() {
-                let (re0, im0) = at(b, k, 0);
+                let src = &data[(b * f + k) * t * 2..(b * f + k + 1) * t * 2];
+                for (j, z) in src.chunks_exact(2).enumerate() {
+                    angle[j] = z[1].atan2(z[0]);
+                    norm[j] = z[0].hypot(z[1]);
+                }
                 // Accumulated in f64 like torch's CPU cumsum, stored as f32.
-                let mut acc = im0.atan2(re0) as f64;
-                let row = (b * f + k) * t_out;
-                for (i, &(j, alpha)) in steps.iter().enumerate() {
-                    let (a_re, a_im) = at(b, k, j);
-                    let (b_re, b_im) = at(b, k, j + 1);
-                    let norm0 = a_re.hypot(a_im);
-                    let norm1 = b_re.hypot(b_im);
-                    let mag = alpha * norm1 + (1.0 - alpha) * norm0;
-                    let phase = acc as f32;
-                    out[(row + i) * 2] = mag * phase.cos();
-                    out[(row + i) * 2 + 1] = mag * phase.sin();
+                let mut acc = angle[0] as f64;
+                let dst = &mut out[(b * f + k) * t_out * 2..(b * f + k + 1) * t_out * 2];
+                for (o, &(j, alpha)) in dst.chunks_exact_mut(2).zip(&steps) {
+                    let mag = alpha * norm[j + 1] + (1.0 - alpha) * norm[j];
+                    let (sin, cos) = (acc as f32).sin_cos();
+                    o[0] = mag * cos;
+                    o[1] = mag * sin;
                     // The increment that leads to the next output frame.
-                    let mut d = b_im.atan2(b_re) - a_im.atan2(a_re) - adv;
+                    let mut d = angle[j + 1] - angle[j] - adv;
                     d -= two_pi * (d / two_pi).round_ties_even();
                     acc += (d + adv) as f64;
                 }
@@ -161,6 +157,12 @@ impl RandomTimeStretch {
             stretch: TimeStretch::new(n_freq),
             rate,
         }
+    }
+
+    /// Sets the STFT's hop.
+    pub fn hop_length(mut self, h: usize) -> Self {
+        self.stretch.hop_length = Some(h);
+        self
     }
 
     /// Draws the rate (one draw from `rng`).

@@ -267,6 +267,41 @@ impl Spectrogram {
     }
 }
 
+/// `|z|^power` of a complex `[.., F, T, 2]` tensor (as [`Stft`] or [`TimeStretch`] give):
+/// `[.., F, T]`, as torchaudio's `spec.abs().pow(power)` (power 2 sums the squares).
+///
+/// [`TimeStretch`]: super::TimeStretch
+pub fn complex_power(spec: &Tensor, power: f32) -> Result<Tensor, Error> {
+    const OP: &str = "complex_power";
+    if !(power > 0.0 && power.is_finite()) {
+        return Err(Error::invalid(format!(
+            "{OP}: power must be positive, got {power}"
+        )));
+    }
+    let shape = spec.shape();
+    if shape.last() != Some(&2) || spec.dtype() != DType::F32 {
+        return Err(Error::operator(format!(
+            "{OP}: expects a complex f32 [.., 2] tensor, got {} {:?}",
+            spec.dtype(),
+            shape
+        )));
+    }
+    let v = spec.to_vec::<f32>().unwrap_or_default();
+    let out: Vec<f32> = v
+        .chunks_exact(2)
+        .map(|z| {
+            if power == 2.0 {
+                z[0] * z[0] + z[1] * z[1]
+            } else if power == 1.0 {
+                z[0].hypot(z[1])
+            } else {
+                z[0].hypot(z[1]).powf(power)
+            }
+        })
+        .collect();
+    f32_tensor(shape[..shape.len() - 1].to_vec(), &out)
+}
+
 /// The mel scale's formula.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MelScaleKind {
