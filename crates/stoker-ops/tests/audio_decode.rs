@@ -1,0 +1,241 @@
+//! Decoder behaviour: offsets and durations, downmix, empty/truncated/corrupt/absurd files,
+//! and a mutation sweep that must never panic or hang.
+
+use std::path::PathBuf;
+
+use stoker_core::rng::Rng;
+use stoker_core::ErrorKind;
+use stoker_ops::audio::{audio_info, decode_audio, DecodeAudio};
+
+fn file(name: &str) -> Vec<u8> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/audio/files")
+        .join(name);
+    std::fs::read(p).unwrap()
+}
+
+fn samples(name: &str, opts: &DecodeAudio) -> (Vec<f32>, Vec<usize>, u32) {
+    let a = decode_audio(&file(name), opts).unwrap();
+    (
+        a.samples.to_vec::<f32>().unwrap(),
+        a.samples.shape().to_vec(),
+        a.sample_rate,
+    )
+}
+
+/// Channel-major `[c, n]` -> frames `lo..hi` of every channel.
+fn slice(data: &[f32], c: usize, n: usize, lo: usize, hi: usize) -> Vec<f32> {
+    (0..c)
+        .flat_map(|ch| data[ch * n + lo..ch * n + hi].to_vec())
+        .collect()
+}
+
+#[test]
+fn offset_and_duration_cut_the_same_frames_as_a_full_decode() {
+    // Lossy streams seek a few frames early so that the decoder has its history: the
+    // frames equal a continuous decode's.
+    for name in [
+        "pcm16_stereo_44k1.wav",
+        "flac16_stereo_44k1.flac",
+        "pcm24_stereo_48k.wav",
+        "float64_stereo_16k.wav",
+        "mp3_mono_44k1.mp3",
+        "lame_stereo_22k05.mp3",
+        "vorbis_stereo_44k1.ogg",
+    ] {
+        let (full, shape, rate) = samples(name, &DecodeAudio::default());
+        let (c, n) = (shape[0], shape[1]);
+        let off = 0.1;
+        let dur = 0.07;
+        let lo = (off * rate as f64).round() as usize;
+        let hi = lo + (dur * rate as f64).round() as usize;
+        let opts = DecodeAudio::default().offset_s(off).duration_s(Some(dur));
+        let (part, pshape, _) = samples(name, &opts);
+        assert_eq!(pshape, vec![c, hi - lo], "{name}");
+        let want = slice(&full, c, n, lo, hi);
+        assert_eq!(part, want, "{name}: offset decode");
+
+        // Duration only: a prefix.
+        let opts = DecodeAudio::default().duration_s(Some(dur));
+        let (head, hshape, _) = samples(name, &opts);
+        let m = (dur * rate as f64).round() as usize;
+        assert_eq!(hshape, vec![c, m], "{name}");
+        assert_eq!(head, slice(&full, c, n, 0, m), "{name}: prefix");
+
+        // Offset past the end: no frames.
+        let opts = DecodeAudio::default().offset_s(100.0);
+        let (_, eshape, _) = samples(name, &opts);
+        assert_eq!(eshape, vec![c, 0], "{name}: past the end");
+    }
+}
+
+#[test]
+fn mono_is_the_channel_mean() {
+    let (full, shape, _) = samples("pcm16_3ch_16k.wav", &DecodeAudio::default());
+    let (mono, mshape, _) = samples("pcm16_3ch_16k.wav", &DecodeAudio::default().mono(true));
+    let n = shape[1];
+    assert_eq!(mshape, vec![1, n]);
+    for i in 0..n {
+        let mean = (full[i] + full[n + i] + full[2 * n + i]) / 3.0;
+        assert!((mono[i] - mean).abs() <= 1e-7, "frame {i}");
+    }
+}
+
+#[test]
+fn info_reads_the_header() {
+    let i = audio_info(&file("flac24_stereo_48k.flac")).unwrap();
+    assert_eq!(
+        (i.sample_rate, i.channels, i.frames),
+        (48000, Some(2), Some(12000))
+    );
+    assert_eq!(i.codec, "flac");
+    let i = audio_info(&file("pcm_u8_mono_8k.wav")).unwrap();
+    assert_eq!(
+        (i.sample_rate, i.channels, i.frames),
+        (8000, Some(1), Some(8000))
+    );
+}
+
+#[test]
+fn empty_stream_and_non_audio() {
+    let a = decode_audio(&file("pcm16_empty.wav"), &DecodeAudio::default()).unwrap();
+    assert_eq!(a.samples.shape(), &[2, 0]);
+    assert_eq!(a.sample_rate, 16000);
+    for bad in [
+        &b""[..],
+        b"RIFF",
+        b"not audio at all, just text",
+        &[0u8; 4096],
+    ] {
+        let e = decode_audio(bad, &DecodeAudio::default()).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Operator, "{e}");
+        assert!(e.message.starts_with("decode_audio: "), "{e}");
+    }
+}
+
+#[test]
+fn truncated_files_decode_what_is_there() {
+    let full = file("pcm16_stereo_44k1.wav");
+    let cut = &full[..full.len() / 2];
+    let (a, report) = DecodeAudio::default().apply_with_report(cut).unwrap();
+    let frames = a.samples.shape()[1];
+    assert!(frames > 10_000 && frames < 22_050, "{frames}");
+    assert!(report.truncated);
+    // The frames that are there are right.
+    let whole = decode_audio(&full, &DecodeAudio::default()).unwrap();
+    let w = whole.samples.to_vec::<f32>().unwrap();
+    let p = a.samples.to_vec::<f32>().unwrap();
+    assert_eq!(&p[..frames], &w[..frames]);
+    let e = DecodeAudio::default()
+        .allow_truncated(false)
+        .apply(cut)
+        .unwrap_err();
+    assert!(e.message.contains("truncated"), "{e}");
+
+    for name in [
+        "flac16_stereo_44k1.flac",
+        "mp3_mono_44k1.mp3",
+        "vorbis_stereo_44k1.ogg",
+    ] {
+        let full = file(name);
+        let whole = decode_audio(&full, &DecodeAudio::default()).unwrap();
+        let (a, _) = DecodeAudio::default()
+            .apply_with_report(&full[..full.len() * 2 / 3])
+            .unwrap();
+        let (n, m) = (whole.samples.shape()[1], a.samples.shape()[1]);
+        assert!(m > n / 3 && m < n, "{name}: {m} of {n} frames");
+    }
+}
+
+#[test]
+fn corrupt_flac_frames_are_skipped_as_silence_and_counted() {
+    let mut bytes = file("flac16_stereo_44k1.flac");
+    let whole = decode_audio(&bytes, &DecodeAudio::default()).unwrap();
+    // Damage a run of bytes in the middle of the stream (inside some frame).
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 64] {
+        *b ^= 0x5a;
+    }
+    let (a, report) = DecodeAudio::default().apply_with_report(&bytes).unwrap();
+    assert!(report.bad_packets >= 1, "{report:?}");
+    // Timing is kept: the same length as the intact file.
+    assert_eq!(a.samples.shape(), whole.samples.shape());
+    let e = DecodeAudio::default()
+        .max_bad_packets(0)
+        .apply(&bytes)
+        .unwrap_err();
+    assert!(e.message.contains("corrupt packets"), "{e}");
+}
+
+#[test]
+fn sample_limit_refuses_bombs() {
+    // A header that claims a 4 GiB data chunk.
+    let mut bytes = file("pcm16_stereo_44k1.wav");
+    bytes[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let pos = bytes.windows(4).position(|w| w == b"data").unwrap();
+    bytes[pos + 4..pos + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let e = decode_audio(&bytes, &DecodeAudio::default()).unwrap_err();
+    assert!(e.message.contains("over the limit"), "{e}");
+    // A duration limit makes the same header acceptable.
+    let a = decode_audio(&bytes, &DecodeAudio::default().duration_s(Some(0.1))).unwrap();
+    assert_eq!(a.samples.shape(), &[2, 4410]);
+    // Formats without a length in the header are checked while decoding.
+    let e = decode_audio(
+        &file("lame_stereo_22k05.mp3"),
+        &DecodeAudio::default().max_samples(10_000),
+    )
+    .unwrap_err();
+    assert!(e.message.contains("limit"), "{e}");
+}
+
+#[test]
+fn bad_parameters_are_invalid() {
+    let bytes = file("pcm16_stereo_44k1.wav");
+    for opts in [
+        DecodeAudio::default().offset_s(-1.0),
+        DecodeAudio::default().offset_s(f64::NAN),
+        DecodeAudio::default().duration_s(Some(-0.5)),
+    ] {
+        let e = decode_audio(&bytes, &opts).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Invalid, "{e}");
+    }
+}
+
+#[test]
+fn mutated_and_truncated_files_never_panic() {
+    let mut rng = Rng::from_words(&[5, 5]);
+    for name in [
+        "pcm16_stereo_44k1.wav",
+        "pcm_u8_mono_8k.wav",
+        "float32_mono_22k05.wav",
+        "flac24_stereo_48k.flac",
+        "mp3_mono_44k1.mp3",
+        "lame_stereo_22k05.mp3",
+        "vorbis_stereo_44k1.ogg",
+    ] {
+        let orig = file(name);
+        let opts = DecodeAudio::default().max_samples(1 << 22);
+        for i in 0..40 {
+            let mut b = orig.clone();
+            if i % 2 == 0 {
+                // Damage a few bytes, often in the header.
+                let k = 1 + rng.below(8) as usize;
+                for _ in 0..k {
+                    let limit = if rng.below(2) == 0 {
+                        256.min(b.len())
+                    } else {
+                        b.len()
+                    };
+                    let at = rng.below(limit as u64) as usize;
+                    b[at] = rng.below(256) as u8;
+                }
+            } else {
+                b.truncate(rng.below(b.len() as u64) as usize);
+            }
+            // Ok or a clean error; both are fine, a panic is not.
+            let _ = decode_audio(&b, &opts);
+            let _ = decode_audio(&b, &opts.clone().offset_s(0.2).mono(true));
+            let _ = audio_info(&b);
+        }
+    }
+}
