@@ -45,10 +45,10 @@ pub(crate) fn is_column_op(b: &Builtin) -> bool {
     )
 }
 
-type Shared<T> = OnceLock<Mutex<HashMap<String, Arc<T>>>>;
+pub(crate) type Shared<T> = OnceLock<Mutex<HashMap<String, Arc<T>>>>;
 
 /// The kernel for `b` from `cache`, built by `make` the first time.
-fn cached<T>(
+pub(crate) fn cached<T>(
     cache: &'static Shared<T>,
     b: &Builtin,
     make: impl FnOnce() -> Result<T, Error>,

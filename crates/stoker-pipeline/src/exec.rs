@@ -252,30 +252,33 @@ fn optimize(ops: &[Op]) -> Physical {
     }
 }
 
-/// Replaces adjacent operators that have a fused kernel (a decode then a random resized
-/// crop of the same field) by it. The fused operator takes the second one's index, whose
-/// generator it draws from, so results do not change.
+/// Replaces runs of adjacent operators that have a fused kernel (a decode then a random
+/// resized crop of the same field, with the flip and float conversion after it) by it. The
+/// fused operator draws from the same generators as the operators it replaces (see
+/// `image_ops::fuse`), so results do not change.
 fn fuse_kernels(
     ops: Vec<(usize, Arc<dyn SampleOp>)>,
     explain: &mut Vec<String>,
 ) -> Vec<(usize, Arc<dyn SampleOp>)> {
     let mut out: Vec<(usize, Arc<dyn SampleOp>)> = Vec::with_capacity(ops.len());
-    for (i, op) in ops {
-        let fused = out
-            .last()
-            .and_then(|(_, prev)| crate::image_ops::fuse(prev.as_builtin()?, op.as_builtin()?));
-        match fused {
-            Some(f) => {
+    let mut k = 0;
+    while k < ops.len() {
+        match crate::image_ops::fuse(&ops[k..]) {
+            Some((n, index, fused)) => {
+                let names: Vec<String> =
+                    ops[k..k + n].iter().map(|(_, op)| op.meta().name).collect();
                 explain.push(format!(
-                    "{} and {} run as one kernel: only the crop's region is decoded, at the \
+                    "{} run as one kernel: only the crop's region is decoded, at the \
                      smallest DCT scale that covers the output",
-                    out.last().expect("prev").1.meta().name,
-                    op.meta().name
+                    names.join(", ")
                 ));
-                out.pop();
-                out.push((i, f));
+                out.push((index, fused));
+                k += n;
             }
-            None => out.push((i, op)),
+            None => {
+                out.push(ops[k].clone());
+                k += 1;
+            }
         }
     }
     out

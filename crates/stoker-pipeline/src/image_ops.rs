@@ -475,11 +475,14 @@ pub(crate) fn is_image_op(b: &Builtin) -> bool {
     )
 }
 
-/// Decode and random resized crop of one field, in one kernel.
+/// Decode and random resized crop of one field, in one kernel, with the flip and the
+/// conversion to float that follow it when there are.
 #[derive(Debug)]
 pub(crate) struct FusedDecodeCrop {
     field: String,
     kernel: DecodeRandomResizedCrop,
+    /// The random flip's operator index (its generator).
+    flip_op: Option<usize>,
     name: String,
 }
 
@@ -491,28 +494,73 @@ impl SampleOp for FusedDecodeCrop {
     }
 
     fn apply(&self, mut s: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {
-        let data = encoded_field(&s, &self.field, "decode_image+random_resized_crop")?;
-        let out = self.kernel.apply(data, ctx.rng())?;
+        let data = encoded_field(&s, &self.field, &self.name)?;
+        let out = match self.flip_op {
+            Some(j) => {
+                let mut flip = ctx.for_op(j);
+                self.kernel.apply_chain(data, ctx.rng(), flip.rng())?
+            }
+            None => self.kernel.apply(data, ctx.rng())?,
+        };
         s.insert(self.field.as_str(), out);
         Ok(Some(s))
     }
 }
 
-/// The fused kernel for `first` then `second`, when they are a decode and a random resized
-/// crop of the same field. It draws from the crop's generator (the optimizer gives it the
-/// crop's operator index), so it picks the same boxes as the two operators unfused.
-pub(crate) fn fuse(first: &Builtin, second: &Builtin) -> Option<Arc<dyn SampleOp>> {
-    match (first, second) {
-        (Builtin::DecodeImage { field: a, .. }, Builtin::RandomResizedCrop { field: b, .. })
-            if a == b =>
-        {
-            let kernel = DecodeRandomResizedCrop::new(decoder(first).ok()?, rrc(second).ok()?);
-            Some(Arc::new(FusedDecodeCrop {
-                field: a.clone(),
-                kernel,
-                name: format!("decode_image+random_resized_crop({a})"),
-            }))
-        }
-        _ => None,
+/// The fused kernel for the operators at the start of `ops` (operator index, operator):
+/// a decode then a random resized crop of one field, and then, when they follow on the
+/// same field, a random flip and an `image_to_tensor`. Returns how many operators it
+/// replaces and the index it runs under: the crop's, whose generator picks the box, while
+/// the flip draws from its own operator's, so results equal the unfused operators'.
+pub(crate) fn fuse(
+    ops: &[(usize, Arc<dyn SampleOp>)],
+) -> Option<(usize, usize, Arc<dyn SampleOp>)> {
+    let b = |k: usize| ops.get(k).and_then(|(_, op)| op.as_builtin());
+    let (first, second) = (b(0)?, b(1)?);
+    let (Builtin::DecodeImage { field, .. }, Builtin::RandomResizedCrop { field: f2, .. }) =
+        (first, second)
+    else {
+        return None;
+    };
+    if field != f2 {
+        return None;
     }
+    let mut kernel = DecodeRandomResizedCrop::new(decoder(first).ok()?, rrc(second).ok()?);
+    let mut n = 2;
+    let mut names = vec!["decode_image", "random_resized_crop"];
+    let mut flip_op = None;
+    if let Some(Builtin::RandomFlip {
+        field: f3,
+        vertical,
+        p,
+    }) = b(n)
+    {
+        if f3 == field && probability("random_flip", *p).is_ok() {
+            let f = if *vertical {
+                RandomFlip::vertical()
+            } else {
+                RandomFlip::horizontal()
+            };
+            kernel = kernel.flip(f.p(*p));
+            flip_op = Some(ops[n].0);
+            names.push("random_flip");
+            n += 1;
+        }
+    }
+    if let Some(t @ Builtin::ImageToTensor { field: f4, .. }) = b(n) {
+        if f4 == field {
+            if let Ok(t) = to_tensor(t) {
+                kernel = kernel.to_tensor(t);
+                names.push("image_to_tensor");
+                n += 1;
+            }
+        }
+    }
+    let op = FusedDecodeCrop {
+        field: field.clone(),
+        kernel,
+        flip_op,
+        name: format!("{}({field})", names.join("+")),
+    };
+    Some((n, ops[1].0, Arc::new(op)))
 }

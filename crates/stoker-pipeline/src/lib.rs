@@ -29,6 +29,7 @@
 //! How it runs (threads, queues, ordering, memory, checkpoints) is described in the
 //! `exec` module; how shards are read in `source`; every random choice in `rng`.
 
+mod audio_ops;
 mod column_ops;
 mod exec;
 mod image_ops;
@@ -40,6 +41,7 @@ mod source;
 pub mod spec;
 mod stats;
 
+pub use audio_ops::Rate;
 pub use column_ops::FillValue;
 pub use exec::{explain, Item, PipelineState, Run, StageState};
 pub use image_ops::Size;

@@ -41,6 +41,14 @@ impl OpContext {
     pub fn epoch(&self) -> u64 {
         self.words[1]
     }
+
+    /// The context operator `op` has on the same sample (a fused kernel that stands for
+    /// several operators draws from each one's generator).
+    pub fn for_op(&self, op: usize) -> OpContext {
+        let mut words = self.words;
+        words[4] = op as u64;
+        OpContext { words, rng: None }
+    }
 }
 
 /// A per-sample operator.
@@ -454,6 +462,200 @@ pub enum Builtin {
         #[serde(default)]
         oov_index: Option<i64>,
     },
+    /// Decodes WAV, FLAC, MP3 or Ogg Vorbis bytes in `field` into an `f32` `[channels,
+    /// frames]` tensor in `[-1, 1)`, and puts the rate (Hz) in `<field>_sample_rate`.
+    DecodeAudio {
+        /// The field (encoded audio bytes).
+        field: String,
+        /// Average the channels into one.
+        #[serde(default)]
+        mono: bool,
+        /// Start this many seconds in.
+        #[serde(default)]
+        offset_s: Option<f64>,
+        /// Decode at most this many seconds.
+        #[serde(default)]
+        duration_s: Option<f64>,
+        /// Refuse streams with more samples (channels x frames) than this (default 2^27).
+        #[serde(default)]
+        max_samples: Option<u64>,
+        /// Corrupt packets replaced by silence before the record is an error (default 0:
+        /// any corrupt packet is an error). When above 0, the count of repaired packets is
+        /// put in `<field>_bad_packets`.
+        #[serde(default)]
+        max_bad_packets: u32,
+        /// Accept a stream that ends before its header says (default false: an error).
+        #[serde(default)]
+        allow_truncated: bool,
+        /// A format hint (`mp3`, `wav`, `flac`, `ogg`); the content decides in the end.
+        #[serde(default)]
+        format: Option<String>,
+    },
+    /// Resamples the clip in `field` to `rate` Hz (torchaudio's windowed sinc).
+    Resample {
+        /// The field (a decoded clip).
+        field: String,
+        /// Target rate, Hz.
+        rate: u32,
+        /// Zero crossings of the sinc per side (default 6).
+        #[serde(default)]
+        lowpass_filter_width: Option<u32>,
+        /// Cutoff as a fraction of the lower Nyquist rate (default 0.99).
+        #[serde(default)]
+        rolloff: Option<f64>,
+    },
+    /// `|STFT|^power` of the clip in `field`: `f32` `[C, n_fft/2 + 1, frames]`.
+    Spectrogram {
+        /// The field (a decoded clip).
+        field: String,
+        /// FFT size (default 400).
+        #[serde(default)]
+        n_fft: Option<usize>,
+        /// Window length (default `n_fft`).
+        #[serde(default)]
+        win_length: Option<usize>,
+        /// Hop (default `win_length / 2`).
+        #[serde(default)]
+        hop_length: Option<usize>,
+        /// Reflect-pad by half a window at both ends (default true).
+        #[serde(default)]
+        center: Option<bool>,
+        /// Exponent of the magnitude (default 2).
+        #[serde(default)]
+        power: Option<f32>,
+    },
+    /// The complex STFT of the clip in `field`: `f32` `[C, n_fft/2 + 1, frames, 2]`
+    /// (real, imaginary), the input of `time_stretch`.
+    Stft {
+        /// The field (a decoded clip).
+        field: String,
+        /// FFT size (default 400).
+        #[serde(default)]
+        n_fft: Option<usize>,
+        /// Window length (default `n_fft`).
+        #[serde(default)]
+        win_length: Option<usize>,
+        /// Hop (default `win_length / 2`).
+        #[serde(default)]
+        hop_length: Option<usize>,
+        /// Reflect-pad by half a window at both ends (default true).
+        #[serde(default)]
+        center: Option<bool>,
+    },
+    /// `|X|^power` of a complex STFT (`[.., 2]` last axis) in `field`.
+    ComplexPower {
+        /// The field (a complex STFT).
+        field: String,
+        /// Exponent (default 2).
+        #[serde(default)]
+        power: Option<f32>,
+    },
+    /// Mel spectrogram of the clip in `field`: `f32` `[C, n_mels, frames]`.
+    MelSpectrogram {
+        /// The field (a decoded clip).
+        field: String,
+        /// FFT size (default 400).
+        #[serde(default)]
+        n_fft: Option<usize>,
+        /// Window length (default `n_fft`).
+        #[serde(default)]
+        win_length: Option<usize>,
+        /// Hop (default `win_length / 2`).
+        #[serde(default)]
+        hop_length: Option<usize>,
+        /// Exponent of the magnitude (default 2).
+        #[serde(default)]
+        power: Option<f32>,
+        /// Mel bands (default 128).
+        #[serde(default)]
+        n_mels: Option<usize>,
+        /// Lowest frequency (default 0).
+        #[serde(default)]
+        f_min: Option<f64>,
+        /// Highest frequency (default half the sample rate).
+        #[serde(default)]
+        f_max: Option<f64>,
+        /// `htk` (default) or `slaney`.
+        #[serde(default)]
+        mel_scale: Option<String>,
+        /// `slaney` area normalisation (default none).
+        #[serde(default)]
+        norm: Option<String>,
+    },
+    /// Mel projection of the spectrogram in `field` (rate from `<field>_sample_rate`).
+    MelScale {
+        /// The field (a `[C, F, T]` spectrogram).
+        field: String,
+        /// Mel bands (default 128).
+        #[serde(default)]
+        n_mels: Option<usize>,
+        /// Lowest frequency (default 0).
+        #[serde(default)]
+        f_min: Option<f64>,
+        /// Highest frequency (default half the sample rate).
+        #[serde(default)]
+        f_max: Option<f64>,
+        /// `htk` (default) or `slaney`.
+        #[serde(default)]
+        mel_scale: Option<String>,
+        /// `slaney` area normalisation (default none).
+        #[serde(default)]
+        norm: Option<String>,
+    },
+    /// Decibels of the (power or magnitude) spectrogram in `field`.
+    AmplitudeToDb {
+        /// The field.
+        field: String,
+        /// `power` (default) or `magnitude`.
+        #[serde(default)]
+        stype: Option<String>,
+        /// Floor at the maximum minus this many dB (default none).
+        #[serde(default)]
+        top_db: Option<f32>,
+    },
+    /// Phase-vocoder time stretch of the complex STFT in `field` by `rate`: one number, or
+    /// `[low, high]` for a rate drawn uniformly per sample.
+    TimeStretch {
+        /// The field (a complex STFT from `stft`).
+        field: String,
+        /// The rate (> 1 speeds up), or a range.
+        rate: crate::audio_ops::Rate,
+        /// The STFT's hop (default `n_fft / 2`, from the bins).
+        #[serde(default)]
+        hop_length: Option<usize>,
+    },
+    /// SpecAugment time mask on the spectrogram in `field`.
+    TimeMasking {
+        /// The field.
+        field: String,
+        /// Widths are drawn in `[0, mask_param)`.
+        mask_param: usize,
+        /// Largest fraction of the axis masked (default 1).
+        #[serde(default = "crate::image_ops::one")]
+        p: f64,
+        /// A separate mask per channel (default false).
+        #[serde(default)]
+        iid_channels: bool,
+        /// Fill value (default 0).
+        #[serde(default)]
+        mask_value: f32,
+    },
+    /// SpecAugment frequency mask on the spectrogram in `field`.
+    FrequencyMasking {
+        /// The field.
+        field: String,
+        /// Widths are drawn in `[0, mask_param)`.
+        mask_param: usize,
+        /// Largest fraction of the axis masked (default 1).
+        #[serde(default = "crate::image_ops::one")]
+        p: f64,
+        /// A separate mask per channel (default false).
+        #[serde(default)]
+        iid_channels: bool,
+        /// Fill value (default 0).
+        #[serde(default)]
+        mask_value: f32,
+    },
 }
 
 impl Builtin {
@@ -489,6 +691,17 @@ impl Builtin {
             Builtin::Bucketize { field, .. } => format!("bucketize({field})"),
             Builtin::HashBucket { field, .. } => format!("hash_bucket({field})"),
             Builtin::VocabLookup { field, .. } => format!("vocab_lookup({field})"),
+            Builtin::DecodeAudio { field, .. } => format!("decode_audio({field})"),
+            Builtin::Resample { field, .. } => format!("resample({field})"),
+            Builtin::Spectrogram { field, .. } => format!("spectrogram({field})"),
+            Builtin::Stft { field, .. } => format!("stft({field})"),
+            Builtin::ComplexPower { field, .. } => format!("complex_power({field})"),
+            Builtin::MelSpectrogram { field, .. } => format!("mel_spectrogram({field})"),
+            Builtin::MelScale { field, .. } => format!("mel_scale({field})"),
+            Builtin::AmplitudeToDb { field, .. } => format!("amplitude_to_db({field})"),
+            Builtin::TimeStretch { field, .. } => format!("time_stretch({field})"),
+            Builtin::TimeMasking { field, .. } => format!("time_masking({field})"),
+            Builtin::FrequencyMasking { field, .. } => format!("frequency_masking({field})"),
         }
     }
 
@@ -503,6 +716,7 @@ impl Builtin {
             }
             b if crate::image_ops::is_image_op(b) => crate::image_ops::validate(b),
             b if crate::column_ops::is_column_op(b) => crate::column_ops::validate(b),
+            b if crate::audio_ops::is_audio_op(b) => crate::audio_ops::validate(b),
             _ => Ok(()),
         }
     }
@@ -526,6 +740,13 @@ impl SampleOp for Builtin {
             | Builtin::RandomGrayscale { .. }
             | Builtin::GaussianBlur { .. } => m.random().with_cost_ns(500_000.0),
             b if crate::image_ops::is_image_op(b) => m.with_cost_ns(200_000.0),
+            Builtin::TimeStretch { rate, .. } if rate.is_random() => {
+                m.random().with_cost_ns(5_000_000.0)
+            }
+            Builtin::TimeMasking { .. } | Builtin::FrequencyMasking { .. } => {
+                m.random().with_cost_ns(200_000.0)
+            }
+            b if crate::audio_ops::is_audio_op(b) => m.with_cost_ns(2_000_000.0),
             Builtin::Tokenize { .. } => m.with_cost_ns(300_000.0),
             Builtin::DecodeUtf8 { .. } => m.with_cost_ns(100.0).with_size_ratio(1.0),
             Builtin::FilterLen { .. } => m.filter().with_cost_ns(10.0).with_size_ratio(1.0),
@@ -549,6 +770,9 @@ impl SampleOp for Builtin {
             return crate::image_ops::apply(self, s, ctx)
                 .expect("an image operator")
                 .map(Some);
+        }
+        if crate::audio_ops::is_audio_op(self) {
+            return crate::audio_ops::apply(self, s, ctx).map(Some);
         }
         match self {
             Builtin::Rename { from, to } => {

@@ -135,7 +135,7 @@ fn an_imagenet_pipeline_from_a_spec_makes_normalized_chw_batches() {
     let p = spec.apply_ops(images(10)).unwrap();
     let explain = p.explain();
     assert!(
-        explain.contains("decode_image+random_resized_crop(jpg)"),
+        explain.contains("decode_image+random_resized_crop+random_flip(jpg)"),
         "{explain}"
     );
     let batches: Vec<Item> = p.run().unwrap().map(Result::unwrap).collect();
@@ -190,6 +190,92 @@ fn the_fused_decode_and_crop_picks_the_same_boxes() {
     }
     // And a different seed gives different crops (the test can fail).
     let other = tensors(&images(14).map(decode()).map(rrc(48)).seed(10));
+    assert_ne!(other, a);
+}
+
+fn flip() -> Builtin {
+    Builtin::RandomFlip {
+        field: "jpg".into(),
+        vertical: false,
+        p: 0.5,
+    }
+}
+
+#[test]
+fn the_fused_chain_with_flip_and_to_tensor_gives_the_unfused_results() {
+    // decode, crop, flip, to_tensor all run as one kernel.
+    let whole = images(21)
+        .map(decode())
+        .map(rrc(40))
+        .map(flip())
+        .map(to_tensor())
+        .seed(3);
+    let plan = whole.explain();
+    assert!(
+        plan.contains("decode_image+random_resized_crop+random_flip+image_to_tensor(jpg)"),
+        "{plan}"
+    );
+    // The same with to_tensor kept apart (a no-op in front of it): bit-identical, since the
+    // crop and the flip keep their operator indices (1 and 2).
+    let three = images(21)
+        .map(decode())
+        .map(rrc(40))
+        .map(flip())
+        .map(Builtin::Drop { fields: vec![] })
+        .map(to_tensor())
+        .seed(3);
+    assert!(three
+        .explain()
+        .contains("decode_image+random_resized_crop+random_flip(jpg)"));
+    let a = tensors(&whole);
+    assert_eq!(a, tensors(&three));
+    // Nothing fused (a select between decode and crop), same operator indices as `fused`
+    // below: the same boxes and the same flips, pixels within DCT-scaling differences.
+    let apart = images(21)
+        .map(decode())
+        .map(Builtin::Select {
+            fields: vec!["__key__".into(), "jpg".into(), "label".into()],
+        })
+        .map(rrc(40))
+        .map(flip())
+        .map(to_tensor())
+        .seed(3);
+    assert!(!apart.explain().contains("+"));
+    let fused = images(21)
+        .map(Builtin::Drop { fields: vec![] })
+        .map(decode())
+        .map(rrc(40))
+        .map(flip())
+        .map(to_tensor())
+        .seed(3);
+    let (x, y) = (tensors(&fused), tensors(&apart));
+    assert_eq!(x.len(), 21);
+    let mut flipped_differently = 0;
+    for (p, q) in x.iter().zip(&y) {
+        assert_eq!(p.shape(), &[3, 40, 40]);
+        assert_eq!(p.shape(), q.shape());
+        let (p, q) = (f32s(p), f32s(q));
+        let mean_abs = p
+            .iter()
+            .zip(&q)
+            .map(|(a, b)| (a - b).abs() as f64)
+            .sum::<f64>()
+            / p.len() as f64;
+        // Normalized units: 6 levels of 255 over ImageNet's std is about 0.1.
+        if mean_abs > 0.1 {
+            flipped_differently += 1;
+        }
+    }
+    assert_eq!(flipped_differently, 0, "some crops or flips differ");
+    // The flips are really random: with another seed some outputs change.
+    let other = tensors(
+        &images(21)
+            .map(decode())
+            .map(rrc(40))
+            .map(flip())
+            .map(to_tensor())
+            .seed(4),
+    );
     assert_ne!(other, a);
 }
 
