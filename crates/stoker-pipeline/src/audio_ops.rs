@@ -129,7 +129,7 @@ fn mel(
         }
     };
     let f_min = f_min.unwrap_or(0.0);
-    if !(f_min >= 0.0) || f_max.is_some_and(|m| !(m > f_min)) {
+    if f_min.is_nan() || f_min < 0.0 || f_max.is_some_and(|m| m.is_nan() || m <= f_min) {
         return Err(Error::invalid(format!(
             "{op}: needs 0 <= f_min < f_max, got {f_min} and {f_max:?}"
         )));
@@ -160,7 +160,7 @@ fn decoder(b: &Builtin) -> Result<DecodeAudio, Error> {
             "decode_audio: offset_s must be >= 0, not {offset}"
         )));
     }
-    if duration_s.is_some_and(|d| !(d > 0.0)) {
+    if duration_s.is_some_and(|d| d.is_nan() || d <= 0.0) {
         return Err(Error::invalid(format!(
             "decode_audio: duration_s must be positive, not {duration_s:?}"
         )));
@@ -275,7 +275,7 @@ fn to_db(b: &Builtin) -> Result<AmplitudeToDb, Error> {
             )))
         }
     };
-    if top_db.is_some_and(|t| !(t >= 0.0)) {
+    if top_db.is_some_and(|t| t.is_nan() || t < 0.0) {
         return Err(Error::invalid(format!(
             "amplitude_to_db: top_db must be >= 0, not {top_db:?}"
         )));
