@@ -15,6 +15,12 @@ under /tmp/stoker-bench-data/ops, read from local disk (the page cache holds the
 contender reads the same warm files; this benchmark is about the CPU work).
 
 Pipelines:
+  speech    (200 MP3 clips of 5-10 s, 44.1 kHz mono, 96 kbit/s, written by
+            crates/stoker-ops/examples/audio_make_clips.py) decode to mono, resample to
+            16 kHz, STFT(400, hop 160), TimeStretch(rate 0.9-1.1), power, MelScale(80),
+            AmplitudeToDB(top 80), FrequencyMasking(27), TimeMasking(100); batches of 16
+            as lists (the clips differ in length); peers: soundfile + torchaudio in a
+            DataLoader
   imagenet  decode, RandomResizedCrop(224) (scale 0.08-1, ratio 3/4-4/3), horizontal flip
             p=0.5, to float32 CHW, normalize with ImageNet's mean/std; batches of 64
   simclr    the same plus ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8, grayscale p=0.2,
@@ -58,6 +64,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 READERS = BENCH_DIR / "ops_readers.py"
 MAKE_JPEGS = REPO / "crates/stoker-ops/examples/make_jpegs.py"
+MAKE_CLIPS = REPO / "crates/stoker-ops/examples/audio_make_clips.py"
+CLIPS = 200
 CLASSES = 10
 
 
@@ -84,6 +92,15 @@ def prepare_data(n: int, python: Path) -> Path:
                 os.link(flat / name, target)
         (base / f"imagefolder-{n}.ok").write_text("ok\n")
     return tree
+
+
+def prepare_audio(python: Path) -> Path:
+    d = Path("/tmp/stoker-bench-data/ops/speech-200")
+    if not (d.parent / "speech-200.ok").exists():
+        log(f"writing {CLIPS} MP3 clips into {d}")
+        subprocess.run([str(python), str(MAKE_CLIPS), str(d)], check=True)
+        (d.parent / "speech-200.ok").write_text("ok\n")
+    return d
 
 
 # ---------------------------------------------------------------- memory of a process tree
@@ -192,6 +209,7 @@ def last_json(text: str) -> dict:
 class Ctx:
     args: argparse.Namespace
     data: Path
+    audio: Path
     stoker: Path
     python: Path
     work: Path
@@ -236,7 +254,63 @@ sigma = [0.1, 2.0]
 """
 
 
+SPEECH_SPEC = """
+source = "file://{audio}/"
+format = "files"
+seed = 1
+
+[[ops]]
+op = "decode_audio"
+field = "mp3"
+mono = true
+[[ops]]
+op = "resample"
+field = "mp3"
+rate = 16000
+[[ops]]
+op = "stft"
+field = "mp3"
+n_fft = 400
+hop_length = 160
+[[ops]]
+op = "time_stretch"
+field = "mp3"
+rate = [0.9, 1.1]
+hop_length = 160
+[[ops]]
+op = "complex_power"
+field = "mp3"
+[[ops]]
+op = "mel_scale"
+field = "mp3"
+n_mels = 80
+[[ops]]
+op = "amplitude_to_db"
+field = "mp3"
+top_db = 80
+[[ops]]
+op = "frequency_masking"
+field = "mp3"
+mask_param = 27
+[[ops]]
+op = "time_masking"
+field = "mp3"
+mask_param = 100
+[[ops]]
+op = "batch"
+size = 16
+collate = "list"
+
+[options]
+threads = {threads}
+"""
+
+
 def stoker_spec(ctx: Ctx, pipeline: str) -> Path:
+    if pipeline == "speech":
+        p = ctx.work / "ops-speech.toml"
+        p.write_text(SPEECH_SPEC.format(audio=ctx.audio, threads=os.cpu_count()))
+        return p
     extra = SIMCLR_OPS if pipeline == "simclr" else ""
     spec = f"""
 source = "file://{ctx.data}/"
@@ -277,7 +351,7 @@ def c_stoker(ctx: Ctx, pipeline: str) -> Rep:
         raise ContenderError(f"stoker run exited {r.returncode}: {_tail(r.stderr)}")
     res = last_json(r.stdout)
     return Rep(float(res["seconds"]), int(res["samples"]), r.cpu_s, r.peak_rss, r.peak_pss,
-               res.get("first_item_s"), 64)
+               res.get("first_item_s"), 16 if pipeline == "speech" else 64)
 
 
 def _py(ctx: Ctx, args: list[str]) -> Rep:
@@ -289,10 +363,14 @@ def _py(ctx: Ctx, args: list[str]) -> Rep:
                res.get("first_batch_s"), int(res.get("first_batch_images") or 0))
 
 
+def _dir(ctx: Ctx, pipeline: str) -> Path:
+    return ctx.audio if pipeline == "speech" else ctx.data
+
+
 CONTENDERS = {
     "stoker": lambda ctx, p: c_stoker(ctx, p),
-    "torch-2w": lambda ctx, p: _py(ctx, ["torch", "--dir", str(ctx.data), "--workers", "2", "--pipeline", p]),
-    "torch-3w": lambda ctx, p: _py(ctx, ["torch", "--dir", str(ctx.data), "--workers", "3", "--pipeline", p]),
+    "torch-2w": lambda ctx, p: _py(ctx, ["torch", "--dir", str(_dir(ctx, p)), "--workers", "2", "--pipeline", p]),
+    "torch-3w": lambda ctx, p: _py(ctx, ["torch", "--dir", str(_dir(ctx, p)), "--workers", "3", "--pipeline", p]),
     "tfdata": lambda ctx, p: _py(ctx, ["tfdata", "--dir", str(ctx.data), "--pipeline", p]),
     "limit-full": lambda ctx, p: _py(ctx, ["decode", "--dir", str(ctx.data), "--procs", str(os.cpu_count())]),
     "limit-half": lambda ctx, p: _py(ctx, ["decode", "--dir", str(ctx.data), "--procs", str(os.cpu_count()),
@@ -354,16 +432,19 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists():
             log(f"missing {path}: build/install {what}")
             return 2
+    pipelines = [x for x in a.pipelines.split(",") if x]
     data = prepare_data(a.images, a.python)
+    audio = prepare_audio(a.python) if "speech" in pipelines else Path("/nonexistent")
     work = Path("/tmp/stoker-bench-ops")
     work.mkdir(exist_ok=True)
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    ctx = Ctx(a, data, a.stoker, a.python, work, env)
+    ctx = Ctx(a, data, audio, a.stoker, a.python, work, env)
     names = [n for n in a.only.split(",") if n]
     rows = []
     try:
-        for pipeline in a.pipelines.split(","):
+        for pipeline in pipelines:
+            expected = CLIPS if pipeline == "speech" else a.images
             todo = [n for n in names if pipeline == "imagenet" or n not in ONLY_IMAGENET]
             reps: dict[str, list[Rep]] = {n: [] for n in todo}
             errors: dict[str, str] = {}
@@ -380,8 +461,8 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     try:
                         r = CONTENDERS[n](ctx, pipeline)
-                        if r.images != a.images:
-                            raise ContenderError(f"{r.images} images, expected {a.images}")
+                        if r.images != expected:
+                            raise ContenderError(f"{r.images} items, expected {expected}")
                         reps[n].append(r)
                         log(f"{pipeline} {n} rep {rep + 1}: {r.images / r.seconds:.0f} images/s, "
                             f"{1000 * r.cpu_s / r.images:.2f} ms CPU/image")

@@ -2,8 +2,9 @@
 """The Python peers of bench/ops.py, one per subcommand, each printing one JSON line:
 {"images": N, "seconds": S, "first_batch_s": F}. Run in the venv of bench/setup.sh.
 
-  torch   --dir D --workers N --batch B --pipeline imagenet|simclr
-          torchvision.datasets.ImageFolder + the pipeline's transforms in a DataLoader
+  torch   --dir D --workers N --batch B --pipeline imagenet|simclr|speech
+          torchvision.datasets.ImageFolder + the pipeline's transforms in a DataLoader;
+          speech: soundfile decode + torchaudio transforms in a DataLoader
   tfdata  --dir D --batch B --pipeline imagenet
           tf.data: list files, read, decode_and_crop_jpeg at a box drawn by
           sample_distorted_bounding_box (scale 0.08-1, ratio 3/4-4/3: tf's own fused
@@ -42,7 +43,68 @@ def files(d: str) -> list[str]:
     return sorted(out)
 
 
+class SpeechClips:
+    """MP3 clips through soundfile and torchaudio: the speech pipeline of bench/ops.py."""
+
+    def __init__(self, d: str) -> None:
+        self.paths = sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".mp3"))
+        self.t = None
+
+    def _transforms(self):
+        import torchaudio.transforms as T
+
+        return {
+            "resample": T.Resample(44100, 16000),
+            "spec": T.Spectrogram(400, hop_length=160, power=None),
+            "stretch": T.TimeStretch(hop_length=160, n_freq=201),
+            "mel": T.MelScale(80, 16000, n_stft=201),
+            "db": T.AmplitudeToDB("power", 80.0),
+            "fmask": T.FrequencyMasking(27),
+            "tmask": T.TimeMasking(100),
+        }
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        import random
+
+        import soundfile as sf
+        import torch
+
+        if self.t is None:  # built once per worker (the resample kernel is costly)
+            self.t = self._transforms()
+        t = self.t
+        x, sr = sf.read(self.paths[i], dtype="float32", always_2d=True)
+        w = torch.from_numpy(x.T.mean(0, keepdims=True))
+        if sr != 44100:
+            raise ValueError(f"{self.paths[i]}: {sr} Hz")
+        w = t["resample"](w)
+        s = t["stretch"](t["spec"](w), random.uniform(0.9, 1.1))
+        m = t["db"](t["mel"](s.abs().pow(2)))
+        return t["tmask"](t["fmask"](m))
+
+
+def cmd_speech(a: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    import torch
+
+    torch.set_num_threads(1)
+    dl = torch.utils.data.DataLoader(
+        SpeechClips(a.dir), batch_size=16, shuffle=True, num_workers=a.workers,
+        collate_fn=list, prefetch_factor=2 if a.workers else None,
+    )
+    n, first, first_n = 0, None, 0
+    for b in dl:
+        if first is None:
+            first, first_n = time.perf_counter(), len(b)
+        n += len(b)
+    emit(n, t0, first, first_n)
+
+
 def cmd_torch(a: argparse.Namespace) -> None:
+    if a.pipeline == "speech":
+        return cmd_speech(a)
     t0 = time.perf_counter()
     import torch
     from torchvision import datasets, transforms as T
@@ -144,7 +206,7 @@ def main() -> None:
     t.add_argument("--dir", required=True)
     t.add_argument("--workers", type=int, default=2)
     t.add_argument("--batch", type=int, default=64)
-    t.add_argument("--pipeline", choices=["imagenet", "simclr"], default="imagenet")
+    t.add_argument("--pipeline", choices=["imagenet", "simclr", "speech"], default="imagenet")
     f = sub.add_parser("tfdata")
     f.add_argument("--dir", required=True)
     f.add_argument("--batch", type=int, default=64)

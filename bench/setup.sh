@@ -63,6 +63,9 @@ if [[ -z "${NO_TORCH:-}" ]]; then
   # The operators benchmark's peers (bench/ops.py): torchvision (with Pillow, whose
   # wheel bundles libjpeg-turbo) in PyTorch's DataLoader.
   "$VENV/bin/python" -m pip install --quiet torchvision pillow
+  # The speech pipeline's peers: soundfile (libsndfile + mpg123) and torchaudio; lameenc
+  # writes the MP3 clips.
+  "$VENV/bin/python" -m pip install --quiet torchaudio soundfile lameenc
 fi
 
 "$VENV/bin/python" - <<'EOF2'

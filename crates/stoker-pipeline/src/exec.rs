@@ -26,7 +26,7 @@
 //! restored run reopens the source at the cursor and reads the buffered positions again.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -144,6 +144,20 @@ impl PipelineState {
 const STATE_VERSION: u32 = 1;
 /// Most samples in one hand-off between threads.
 const CHUNK: usize = 64;
+/// The work one hand-off to the workers aims at. A chunk of expensive samples (a decoded
+/// clip, a large image) is cut short so that workers share the work and results flow in
+/// order (a 64-sample chunk of 40 ms samples held the first batch back by 2.5 s), while
+/// cheap samples still travel 64 at a time (a hand-off costs a few microseconds).
+const CHUNK_WORK_NS: u64 = 1_000_000;
+
+/// Samples per hand-off for samples that take `cost_ns` each on a worker (0: not measured
+/// yet, start small).
+fn chunk_cap(cost_ns: u64) -> usize {
+    if cost_ns == 0 {
+        return 4;
+    }
+    ((CHUNK_WORK_NS / cost_ns) as usize).clamp(1, CHUNK)
+}
 /// Most items in one hand-off to the consumer.
 const OUT_CHUNK: usize = 32;
 /// How long the source waits for budget before it calls the budget too small.
@@ -415,6 +429,9 @@ struct Shared {
     tail_next: Mutex<u64>,
     tail_moved: Condvar,
     active: AtomicUsize,
+    /// The workers' running average of nanoseconds per sample (0 until measured): sizes
+    /// the source's hand-offs.
+    sample_cost_ns: AtomicU64,
 }
 
 /// A running pipeline: an iterator of items, with [`Run::state`] and [`Run::stats`].
@@ -544,6 +561,7 @@ impl Run {
             tail_next: Mutex::new(0),
             tail_moved: Condvar::new(),
             active: AtomicUsize::new(threads),
+            sample_cost_ns: AtomicU64::new(0),
         });
         shared
             .stats
@@ -832,11 +850,19 @@ fn worker(
             s.add(&s.wait_ns, (t1 - t0).as_nanos() as u64);
         }
         let mut results = Vec::with_capacity(chunk.len());
+        let n = chunk.len() as u64;
         for p in chunk {
             results.push(run_one(p, producer, seed, epoch, ds, stage.as_deref()));
         }
+        let busy = t1.elapsed().as_nanos() as u64;
         if let Some(s) = &stage {
-            s.add(&s.busy_ns, t1.elapsed().as_nanos() as u64);
+            s.add(&s.busy_ns, busy);
+        }
+        if n > 0 {
+            let cost = (busy / n).max(1);
+            let old = shared.sample_cost_ns.load(Ordering::Relaxed);
+            let new = if old == 0 { cost } else { (old * 3 + cost) / 4 };
+            shared.sample_cost_ns.store(new, Ordering::Relaxed);
         }
         if tx.send(Done::Items(results)).is_err() {
             return;
@@ -1092,7 +1118,8 @@ impl TailCtx {
                                 // Hand over when the workers are idle, the chunk is full, or
                                 // before waiting for the tail (which needs these to move).
                                 let mut ok = true;
-                                if full || chunk.len() >= CHUNK || work_tx.is_empty() {
+                                let cap = chunk_cap(shared.sample_cost_ns.load(Ordering::Relaxed));
+                                if full || chunk.len() >= cap || work_tx.is_empty() {
                                     ok = flush(&mut chunk, &mut hist);
                                 }
                                 if full {
