@@ -858,8 +858,8 @@ fn worker(
         if let Some(s) = &stage {
             s.add(&s.busy_ns, busy);
         }
-        if n > 0 {
-            let cost = (busy / n).max(1);
+        if let Some(cost) = busy.checked_div(n) {
+            let cost = cost.max(1);
             let old = shared.sample_cost_ns.load(Ordering::Relaxed);
             let new = if old == 0 { cost } else { (old * 3 + cost) / 4 };
             shared.sample_cost_ns.store(new, Ordering::Relaxed);
