@@ -255,66 +255,10 @@ impl Packer {
         out
     }
 
-    /// [`Packer::push`] for a document's ids as a pipeline holds them: a 1-d integer
-    /// tensor (what [`crate::text::Tokenize`] makes, without padding) or a list of `Int`
-    /// (a pre-tokenized Parquet or JSON column). Ids must fit `u32`.
+    /// [`Packer::push`] for a document's ids as a pipeline holds them (see [`ids_of`]).
+    /// Refused ids leave the packer as it was.
     pub fn push_value(&mut self, ids: &Value) -> Result<Vec<Block>, Error> {
-        let wide: Vec<i64> = match ids {
-            Value::Tensor(t) if t.shape().len() == 1 => match t.dtype() {
-                DType::I64 => t.to_vec::<i64>().unwrap_or_default(),
-                DType::I32 => t
-                    .to_vec::<i32>()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(i64::from)
-                    .collect(),
-                DType::I16 => t
-                    .to_vec::<i16>()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(i64::from)
-                    .collect(),
-                DType::U8 => t
-                    .to_vec::<u8>()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(i64::from)
-                    .collect(),
-                d => {
-                    return Err(Error::operator(format!(
-                        "pack: ids are a {d} tensor, expected integers"
-                    )))
-                }
-            },
-            Value::List(items) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_int().ok_or_else(|| {
-                        Error::operator(format!("pack: id {i} is {}, expected an int", v.kind()))
-                    })
-                })
-                .collect::<Result<_, _>>()?,
-            other => {
-                return Err(Error::operator(format!(
-                    "pack: ids are {} {}, expected a 1-d integer tensor or a list of ints",
-                    if let Value::Tensor(t) = other {
-                        format!("a tensor of shape {:?},", t.shape())
-                    } else {
-                        "a".into()
-                    },
-                    other.kind()
-                )))
-            }
-        };
-        let ids = wide
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| {
-                u32::try_from(x)
-                    .map_err(|_| Error::operator(format!("pack: id {i} ({x}) is not a token id")))
-            })
-            .collect::<Result<Vec<u32>, _>>()?;
+        let ids = ids_of(ids)?;
         Ok(self.push(&ids))
     }
 
@@ -348,6 +292,68 @@ impl Packer {
             doc_index: std::mem::take(&mut s.doc_index),
         }
     }
+}
+
+/// A document's token ids as a pipeline holds them: a 1-d integer tensor (what
+/// [`crate::text::Tokenize`] makes, without padding) or a list of `Int` (a pre-tokenized
+/// Parquet or JSON column). Ids must fit `u32`; anything else is an operator error that says
+/// what the value is.
+pub fn ids_of(ids: &Value) -> Result<Vec<u32>, Error> {
+    let wide: Vec<i64> = match ids {
+        Value::Tensor(t) if t.shape().len() == 1 => match t.dtype() {
+            DType::I64 => t.to_vec::<i64>().unwrap_or_default(),
+            DType::I32 => t
+                .to_vec::<i32>()
+                .unwrap_or_default()
+                .into_iter()
+                .map(i64::from)
+                .collect(),
+            DType::I16 => t
+                .to_vec::<i16>()
+                .unwrap_or_default()
+                .into_iter()
+                .map(i64::from)
+                .collect(),
+            DType::U8 => t
+                .to_vec::<u8>()
+                .unwrap_or_default()
+                .into_iter()
+                .map(i64::from)
+                .collect(),
+            d => {
+                return Err(Error::operator(format!(
+                    "pack: ids are a {d} tensor, expected integers"
+                )))
+            }
+        },
+        Value::List(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_int().ok_or_else(|| {
+                    Error::operator(format!("pack: id {i} is {}, expected an int", v.kind()))
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        other => {
+            return Err(Error::operator(format!(
+                "pack: ids are {} {}, expected a 1-d integer tensor or a list of ints",
+                if let Value::Tensor(t) = other {
+                    format!("a tensor of shape {:?},", t.shape())
+                } else {
+                    "a".into()
+                },
+                other.kind()
+            )))
+        }
+    };
+    wide.iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            u32::try_from(x)
+                .map_err(|_| Error::operator(format!("pack: id {i} ({x}) is not a token id")))
+        })
+        .collect()
 }
 
 #[cfg(test)]
