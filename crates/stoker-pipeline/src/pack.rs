@@ -1,0 +1,455 @@
+//! The `pack` stage: tokenized documents in, fixed-length blocks out (sequence packing for
+//! LLM pretraining), with the bookkeeping a model needs to keep documents apart.
+//!
+//! The kernel is [`stoker_ops::text::Packer`]; this module makes it a stage of the
+//! executor's sequential tail, because it is many-to-many and keeps state from one sample
+//! to the next. What the stage adds to the kernel:
+//!
+//! - **Samples out.** Each block becomes a sample (see [`Pack`] for its fields), numbered
+//!   in the epoch: its position is `(BLOCK_SHARD, block number)`, which is what random
+//!   operators after the stage draw from and what a batch of blocks records.
+//! - **Epochs.** A block never spans an epoch boundary: at the end of an epoch the partial
+//!   block is padded or dropped ([`PackRemainder`]), and the next epoch starts a new stream
+//!   (document indices and block numbers restart at 0).
+//! - **Exact resume, as positions.** A checkpoint holds no token ids. The stage keeps a
+//!   log of the documents it was given since the start of the oldest block that the
+//!   consumer has not yet received whole (still pending in the packer, or held in a batch
+//!   being filled after the stage), and the states of the stages after it as they were
+//!   when that block left. The checkpoint is that block's number, the log's positions, how
+//!   many tokens of the first logged document precede the block, and the first document's
+//!   index. On resume the documents are read again (as the shuffle buffer's are), their
+//!   first tokens skipped, and pushed through the stage again: the blocks they complete go
+//!   down the tail exactly as they did the first time (refilling the batch being filled,
+//!   then continuing to the consumer), and the rest is pending again. The log is pruned as
+//!   blocks reach the consumer, so it covers at most the blocks of one batch plus one
+//!   block.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use stoker_core::{DType, Error, Sample, Tensor, Value};
+use stoker_ops::text::{ids_of, Block, Packer, PackerParams, PackerState, Remainder};
+
+use crate::exec::StageState;
+use crate::source::Pos;
+
+/// The shard number in a block's position: blocks are no shard's records; the position's
+/// `record` is the block's number in the epoch.
+pub(crate) const BLOCK_SHARD: u32 = u32::MAX;
+
+/// What happens to the last, partly filled block of an epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PackRemainder {
+    /// Padded to `block_size` with `pad_id` (attention mask 0, position 0, segment -1).
+    #[default]
+    Pad,
+    /// Dropped: every block is full of real tokens.
+    Drop,
+}
+
+/// The `pack` operator: concatenates the token ids in `field` of consecutive samples, each
+/// followed by `separator` when there is one, and cuts them into blocks of `block_size`.
+///
+/// A document longer than the room left in a block is split: its tokens continue at the
+/// start of the next block (and the one after, as long as it needs), where positions
+/// restart at 0. Every sample out has:
+///
+/// | field | dtype, shape | what |
+/// |---|---|---|
+/// | `field` (default `input_ids`) | `dtype`, `[block_size]` | the ids, then `pad_id` padding in a padded last block |
+/// | `position_ids` | `dtype`, `[block_size]` | position within the segment (0 for padding) |
+/// | `segment_ids` | `dtype`, `[block_size]` | segment within the block, 0, 1, ...; -1 for padding |
+/// | `attention_mask` | `dtype`, `[block_size]` | 1 real token, 0 padding |
+/// | `cu_seqlens` | int32, `[segments + 1]` | segment starts, then the number of real tokens (flash-attention varlen) |
+/// | `doc_index` | int64, `[segments]` | each segment's document: its index in the epoch's stream of documents (0 = the first that reached `pack`) |
+/// | `doc_origin` | int64, `[segments, 2]` | each segment's document's position: shard (object) index and record index |
+/// | `doc_keys` (with `keys`) | list | each segment's document's `__key__` (null when it has none) |
+///
+/// A segment is the part of one document (with its separator) inside one block. The other
+/// fields of the input samples are not carried over.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Pack {
+    /// The field holding each document's ids (a 1-d integer tensor, as `tokenize` makes it
+    /// without `pad_to`, or a list of ints); the block's ids go to the same field.
+    #[serde(default = "input_ids")]
+    pub field: String,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// An id appended after every document (its EOS), or none.
+    #[serde(default)]
+    pub separator: Option<u32>,
+    /// The last partial block of an epoch: `pad` (default) or `drop`.
+    #[serde(default)]
+    pub remainder: PackRemainder,
+    /// The padding id (default 0).
+    #[serde(default)]
+    pub pad_id: u32,
+    /// `int64` (default) or `int32`, for the four per-token fields.
+    #[serde(default)]
+    pub dtype: Option<String>,
+    /// Also output `doc_keys`.
+    #[serde(default)]
+    pub keys: bool,
+}
+
+fn input_ids() -> String {
+    "input_ids".into()
+}
+
+impl Pack {
+    /// Blocks of `block_size` tokens from `input_ids`, no separator, the remainder padded
+    /// with 0, int64 outputs.
+    pub fn new(block_size: usize) -> Pack {
+        Pack {
+            field: input_ids(),
+            block_size,
+            separator: None,
+            remainder: PackRemainder::Pad,
+            pad_id: 0,
+            dtype: None,
+            keys: false,
+        }
+    }
+    /// Sets the ids field.
+    pub fn field(mut self, field: impl Into<String>) -> Self {
+        self.field = field.into();
+        self
+    }
+    /// Sets the separator.
+    pub fn separator(mut self, id: Option<u32>) -> Self {
+        self.separator = id;
+        self
+    }
+    /// Sets the remainder policy.
+    pub fn remainder(mut self, r: PackRemainder) -> Self {
+        self.remainder = r;
+        self
+    }
+    /// Sets the padding id.
+    pub fn pad_id(mut self, id: u32) -> Self {
+        self.pad_id = id;
+        self
+    }
+    /// Sets the output dtype (`int64` or `int32`).
+    pub fn dtype(mut self, dtype: impl Into<String>) -> Self {
+        self.dtype = Some(dtype.into());
+        self
+    }
+    /// Outputs `doc_keys` too.
+    pub fn keys(mut self, on: bool) -> Self {
+        self.keys = on;
+        self
+    }
+
+    /// Its name in plans, statistics and errors.
+    pub fn name(&self) -> String {
+        format!("pack({}, {})", self.field, self.block_size)
+    }
+
+    /// Checks the arguments.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.block_size == 0 || i32::try_from(self.block_size).is_err() {
+            return Err(Error::invalid(format!(
+                "pack: block_size must be between 1 and {}, not {}",
+                i32::MAX,
+                self.block_size
+            )));
+        }
+        self.out_dtype()?;
+        Ok(())
+    }
+
+    fn out_dtype(&self) -> Result<DType, Error> {
+        match self.dtype.as_deref().unwrap_or("int64") {
+            "int64" => Ok(DType::I64),
+            "int32" => Ok(DType::I32),
+            other => Err(Error::invalid(format!(
+                "pack: dtype must be int64 or int32, not {other:?}"
+            ))),
+        }
+    }
+
+    fn params(&self) -> PackerParams {
+        PackerParams::new(self.block_size)
+            .separator(self.separator)
+            .remainder(match self.remainder {
+                PackRemainder::Pad => Remainder::Pad(self.pad_id),
+                PackRemainder::Drop => Remainder::Drop,
+            })
+    }
+}
+
+/// A document the stage was given, kept while a block not yet received may hold its tokens.
+#[derive(Debug)]
+struct Doc {
+    pos: Pos,
+    /// Its first token's offset in the epoch's stream.
+    start: u64,
+    /// Its tokens, separator included.
+    len: u64,
+    /// Its document index.
+    index: u64,
+    key: Option<Value>,
+}
+
+/// The stage's running state in one epoch.
+#[derive(Debug)]
+pub(crate) struct PackStage {
+    pub spec: Arc<Pack>,
+    dtype: DType,
+    packer: Packer,
+    /// Blocks made this epoch (the next block's number).
+    made: u64,
+    /// Blocks handed to the next stage this epoch.
+    sent: u64,
+    /// Tokens pushed this epoch (separators included).
+    tokens: u64,
+    /// Tokens of the next document already in earlier blocks (first document of a resume).
+    skip_next: u64,
+    log: VecDeque<Doc>,
+    /// The states of the stages after this one just before block `.0` entered them.
+    snaps: VecDeque<(u64, Vec<StageState>)>,
+}
+
+impl PackStage {
+    /// A stage at the start of an epoch.
+    pub fn new(spec: Arc<Pack>) -> Result<PackStage, Error> {
+        let dtype = spec.out_dtype()?;
+        let packer = Packer::new(spec.params())?;
+        Ok(PackStage {
+            spec,
+            dtype,
+            packer,
+            made: 0,
+            sent: 0,
+            tokens: 0,
+            skip_next: 0,
+            log: VecDeque::new(),
+            snaps: VecDeque::new(),
+        })
+    }
+
+    /// A stage about to replay the documents of a checkpoint (see the module docs): its
+    /// packer is empty, at the first replayed document's index.
+    pub fn restore(spec: Arc<Pack>, state: &StageState) -> Result<PackStage, Error> {
+        let StageState::Pack {
+            blocks,
+            docs,
+            skip,
+            next_doc,
+        } = state
+        else {
+            return Err(Error::invalid(
+                "this state was not taken from a run of this pipeline (no pack state where \
+                 the pipeline packs)",
+            ));
+        };
+        if docs.is_empty() && *skip != 0 {
+            return Err(Error::invalid(
+                "pack: inconsistent state: a skip without documents",
+            ));
+        }
+        let mut st = PackStage::new(spec)?;
+        let l = st.spec.block_size as u64;
+        st.packer = Packer::from_state(
+            st.spec.params(),
+            PackerState {
+                next_doc: *next_doc,
+                ..PackerState::default()
+            },
+        )?;
+        st.made = *blocks;
+        st.sent = *blocks;
+        st.tokens = blocks
+            .checked_mul(l)
+            .and_then(|t| t.checked_sub(*skip))
+            .ok_or_else(|| Error::invalid("pack: inconsistent state: bad block count or skip"))?;
+        st.skip_next = *skip;
+        Ok(st)
+    }
+
+    /// Takes in one document; returns the blocks it completed, as `(position, sample)`.
+    /// A refused document leaves the stage as it was.
+    pub fn push(&mut self, pos: Pos, sample: &Sample) -> Result<Vec<(Pos, Sample)>, Error> {
+        let field = &self.spec.field;
+        let value = sample.get(field).ok_or_else(|| {
+            Error::operator(format!(
+                "pack: no field {field:?} (fields: {})",
+                sample.names().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        let ids = ids_of(value)
+            .map_err(|e| Error::operator(format!("{} (field {field:?})", e.message)))?;
+        let len = ids.len() as u64 + u64::from(self.spec.separator.is_some());
+        let skip = self.skip_next;
+        if skip > 0 && skip >= len {
+            return Err(Error::invalid(format!(
+                "pack: the checkpoint does not fit this document: it skips {skip} of its {len} \
+                 tokens"
+            )));
+        }
+        // With a skip, the tokens before it are in blocks made before the checkpoint (and
+        // `tokens` was set to this document's start).
+        self.skip_next = 0;
+        let index = self.packer.state().next_doc;
+        self.log.push_back(Doc {
+            pos,
+            start: self.tokens,
+            len,
+            index,
+            key: self
+                .spec
+                .keys
+                .then(|| sample.get("__key__").cloned().unwrap_or(Value::Null)),
+        });
+        self.tokens += len;
+        let from = (skip as usize).min(ids.len());
+        let blocks = self.packer.push(&ids[from..]);
+        blocks.iter().map(|b| self.block(b)).collect()
+    }
+
+    /// Ends the epoch: the partial block, padded, or `None`.
+    pub fn finish(&mut self) -> Result<Option<(Pos, Sample)>, Error> {
+        match self.packer.finish()? {
+            Some(b) => self.block(&b).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether tokens wait for the next block.
+    pub fn has_pending(&self) -> bool {
+        !self.packer.pending().is_empty()
+    }
+
+    /// Block `block` goes to the next stage, whose states (and the later ones') are
+    /// `downstream` just before.
+    pub fn note_sent(&mut self, block: u64, downstream: Vec<StageState>) {
+        self.sent = block + 1;
+        self.snaps.push_back((block, downstream));
+    }
+
+    /// The oldest block the consumer has not received whole: the first one held by a later
+    /// stage (`held`), else the next one to be sent.
+    fn oldest(&self, held: Option<u64>) -> u64 {
+        held.unwrap_or(self.sent).min(self.sent)
+    }
+
+    /// Forgets the documents and snapshots no checkpoint can need any more.
+    pub fn prune(&mut self, held: Option<u64>) {
+        let y = self.oldest(held);
+        let at = y * self.spec.block_size as u64;
+        while self.log.front().is_some_and(|d| d.start + d.len <= at) {
+            self.log.pop_front();
+        }
+        while self.snaps.front().is_some_and(|(b, _)| *b < y) {
+            self.snaps.pop_front();
+        }
+    }
+
+    /// The checkpoint of this stage when the consumer has everything before the oldest
+    /// block held by a later stage (`held`, or none): its state, and the states the later
+    /// stages had when that block left (when one is held).
+    pub fn checkpoint(
+        &self,
+        held: Option<u64>,
+    ) -> Result<(StageState, Option<Vec<StageState>>), Error> {
+        let y = self.oldest(held);
+        let at = y * self.spec.block_size as u64;
+        let k = self.log.partition_point(|d| d.start + d.len <= at);
+        let (docs, skip, next_doc) = match self.log.get(k) {
+            None => (Vec::new(), 0, self.packer.state().next_doc),
+            Some(d) if d.start <= at => (
+                self.log.range(k..).map(|d| d.pos).collect(),
+                at - d.start,
+                d.index,
+            ),
+            Some(_) => return Err(Error::invalid("pack: the replay log lost this position")),
+        };
+        let snap = if y < self.sent {
+            let s = self
+                .snaps
+                .iter()
+                .find(|(b, _)| *b == y)
+                .ok_or_else(|| Error::invalid("pack: the snapshot of this block was pruned"))?;
+            Some(s.1.clone())
+        } else {
+            None
+        };
+        Ok((
+            StageState::Pack {
+                blocks: y,
+                docs,
+                skip,
+                next_doc,
+            },
+            snap,
+        ))
+    }
+
+    /// A block as a sample, numbered.
+    fn block(&mut self, b: &Block) -> Result<(Pos, Sample), Error> {
+        let n = self.spec.block_size;
+        let number = self.made;
+        self.made += 1;
+        let segments = b.doc_index.len();
+        let mut s = Sample::with_capacity(8);
+        let per_token = |v: Vec<i64>| -> Result<Value, Error> {
+            Ok(Value::Tensor(match self.dtype {
+                DType::I32 => {
+                    let narrow: Vec<i32> = v.into_iter().map(|x| x as i32).collect();
+                    Tensor::from_slice(vec![n], &narrow)?
+                }
+                _ => Tensor::from_slice(vec![n], &v)?,
+            }))
+        };
+        s.insert(
+            self.spec.field.as_str(),
+            per_token(b.input_ids.iter().map(|&x| i64::from(x)).collect())?,
+        );
+        s.insert(
+            "position_ids",
+            per_token(b.position_ids().into_iter().map(i64::from).collect())?,
+        );
+        s.insert("segment_ids", per_token(b.segment_ids())?);
+        s.insert(
+            "attention_mask",
+            per_token(b.attention_mask().into_iter().map(i64::from).collect())?,
+        );
+        let cu: Vec<i32> = b.cu_seqlens.iter().map(|&x| x as i32).collect();
+        s.insert("cu_seqlens", Tensor::from_slice(vec![cu.len()], &cu)?);
+        let index: Vec<i64> = b.doc_index.iter().map(|&d| d as i64).collect();
+        s.insert("doc_index", Tensor::from_slice(vec![segments], &index)?);
+        let mut origin = Vec::with_capacity(2 * segments);
+        let mut keys = Vec::new();
+        for &d in &b.doc_index {
+            let k = self.log.partition_point(|x| x.index < d);
+            let doc =
+                self.log.get(k).filter(|x| x.index == d).ok_or_else(|| {
+                    Error::invalid(format!("pack: document {d} is not in the log"))
+                })?;
+            origin.push(i64::from(doc.pos.shard));
+            origin.push(doc.pos.record as i64);
+            if let Some(key) = &doc.key {
+                keys.push(key.clone());
+            }
+        }
+        s.insert(
+            "doc_origin",
+            Tensor::from_slice(vec![segments, 2], &origin)?,
+        );
+        if self.spec.keys {
+            s.insert("doc_keys", Value::List(keys));
+        }
+        Ok((
+            Pos {
+                shard: BLOCK_SHARD,
+                record: number,
+            },
+            s,
+        ))
+    }
+}
