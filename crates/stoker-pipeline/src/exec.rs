@@ -107,11 +107,9 @@ pub enum StageState {
         /// Items counted this epoch.
         seen: u64,
     },
-    /// A pack stage: where to replay documents from (see the `pack` module). The stages
-    /// after it hold their states as of when block `blocks` left it.
+    /// A pack stage: the documents to replay (see the `pack` module).
     Pack {
-        /// Blocks this epoch the consumer has received whole (the replay makes block
-        /// `blocks` first).
+        /// Blocks it handed on this epoch (the replay makes block `blocks` first).
         blocks: u64,
         /// Positions of the documents to push again, in order.
         docs: Vec<Pos>,
@@ -984,8 +982,6 @@ enum Stage {
         drop_last: bool,
         collate: CollatePolicy,
         partial: Vec<Element>,
-        /// After a restored pack stage: the blocks its replay must bring, in order.
-        replay: VecDeque<Pos>,
     },
     Pack(Box<PackStage>),
     Unbatch,
@@ -1214,7 +1210,6 @@ impl TailRun<'_> {
         let ctx = self.ctx;
         let mut stages = Vec::new();
         let mut mirror = ctx.shared.shuffle.lock();
-        // Stages after a pack hold blocks, which its replay makes again.
         let mut after_pack = false;
         for (i, t) in ctx.ph_tail.iter().enumerate() {
             let st = restored.map(|s| &s.stages[i]);
@@ -1242,16 +1237,18 @@ impl TailRun<'_> {
                     drop_last: *d,
                     collate: c.clone(),
                     partial: match st {
-                        Some(StageState::Batch { partial }) if !after_pack => {
-                            self.rematerialize(partial, i)?
+                        // A checkpoint is never taken while a batch after a pack holds
+                        // blocks (see the `pack` module).
+                        Some(StageState::Batch { partial })
+                            if after_pack && !partial.is_empty() =>
+                        {
+                            return Err(Error::invalid(
+                                "this state was not taken from a run of this pipeline (a \
+                                 batch of packed blocks being filled)",
+                            ))
                         }
+                        Some(StageState::Batch { partial }) => self.rematerialize(partial, i)?,
                         _ => Vec::new(),
-                    },
-                    replay: match st {
-                        Some(StageState::Batch { partial }) if after_pack => {
-                            partial.iter().copied().collect()
-                        }
-                        _ => VecDeque::new(),
                     },
                 },
                 TailOp::Pack(p) => {
@@ -1282,9 +1279,7 @@ impl TailRun<'_> {
     }
 
     /// Pushes the documents of a restored pack stage through it again (see the `pack`
-    /// module): the blocks they complete go down the tail as they did before the
-    /// checkpoint, refilling a batch being filled (checked against the state) and
-    /// continuing to the consumer.
+    /// module): the blocks they complete go down the tail as they did before.
     fn replay(&mut self, restored: &PipelineState) -> Result<(), Error> {
         for i in 0..self.stages.len() {
             let docs = match (&self.stages[i], &restored.stages[i]) {
@@ -1295,13 +1290,6 @@ impl TailRun<'_> {
                 self.push(i, Flow::Elem(el));
                 if self.failed {
                     return Ok(());
-                }
-            }
-        }
-        for s in &self.stages {
-            if let Stage::Batch { replay, .. } = s {
-                if !replay.is_empty() {
-                    return Err(replay_mismatch());
                 }
             }
         }
@@ -1510,14 +1498,9 @@ impl TailRun<'_> {
                 size,
                 collate,
                 partial,
-                replay,
                 ..
             } => match item {
-                Flow::Elem(el) if replay.front().is_some_and(|p| *p != el.pos) => {
-                    err = Some(replay_mismatch())
-                }
                 Flow::Elem(el) => {
-                    replay.pop_front();
                     partial.push(el);
                     if partial.len() == *size {
                         let members = std::mem::take(partial);
@@ -1599,27 +1582,15 @@ impl TailRun<'_> {
             }
             self.push(i + 1, o);
         }
-        if packs {
-            let held = held_block(&self.stages[i + 1..]);
-            if let Stage::Pack(p) = &mut self.stages[i] {
-                p.prune(held);
-            }
+        if let Stage::Pack(p) = &mut self.stages[i] {
+            p.prune();
         }
     }
 
-    /// A pack stage (`i`) hands `block` to the next stage: it keeps the later stages'
-    /// states as they are now, for a checkpoint taken while a batch holds the block.
+    /// A pack stage (`i`) hands `block` to the next stage.
     fn note_sent(&mut self, i: usize, block: &Flow) {
-        let Flow::Elem(el) = block else { return };
-        let snap = self.stages[i + 1..]
-            .iter()
-            .map(|s| match s {
-                Stage::Batch { .. } => StageState::Batch { partial: vec![] },
-                s => simple_state(s),
-            })
-            .collect();
-        if let Stage::Pack(p) = &mut self.stages[i] {
-            p.note_sent(el.pos.record, snap);
+        if let (Stage::Pack(p), Flow::Elem(el)) = (&mut self.stages[i], block) {
+            p.note_sent(el.pos.record);
         }
     }
 
@@ -1706,17 +1677,8 @@ impl TailRun<'_> {
         let mut broken = None;
         for (i, s) in self.stages.iter().enumerate() {
             let Stage::Pack(p) = s else { continue };
-            match p.checkpoint(held_block(&self.stages[i + 1..])) {
-                Ok((st, snap)) => {
-                    stages[i] = st;
-                    // The later stages as they were when the replay's first block left
-                    // (a batch being filled is rebuilt by the replay, and checked).
-                    for (k, s) in snap.into_iter().flatten().enumerate() {
-                        if !matches!(s, StageState::Batch { .. }) {
-                            stages[i + 1 + k] = s;
-                        }
-                    }
-                }
+            match p.checkpoint() {
+                Ok(st) => stages[i] = st,
                 Err(e) => broken = Some(e.message),
             }
         }
@@ -1755,25 +1717,6 @@ fn simple_state(s: &Stage) -> StageState {
         },
         Stage::Take(_, seen) | Stage::Skip(_, seen) => StageState::Count { seen: *seen },
     }
-}
-
-/// The number of the oldest block of a pack stage that `later` stages (those after it)
-/// hold: the first of a batch being filled.
-fn held_block(later: &[Stage]) -> Option<u64> {
-    later.iter().find_map(|s| match s {
-        Stage::Batch { partial, .. } => partial
-            .first()
-            .filter(|e| e.pos.shard == BLOCK_SHARD)
-            .map(|e| e.pos.record),
-        _ => None,
-    })
-}
-
-fn replay_mismatch() -> Error {
-    Error::invalid(
-        "this state was not taken from a run of this pipeline (replaying the pack stage does \
-         not rebuild the batch being filled)",
-    )
 }
 
 /// `e` with the object and record of the sample at `pos` (a pack's block: its number).

@@ -12,17 +12,18 @@
 //!   block is padded or dropped ([`PackRemainder`]), and the next epoch starts a new stream
 //!   (document indices and block numbers restart at 0).
 //! - **Exact resume, as positions.** A checkpoint holds no token ids. The stage keeps a
-//!   log of the documents it was given since the start of the oldest block that the
-//!   consumer has not yet received whole (still pending in the packer, or held in a batch
-//!   being filled after the stage), and the states of the stages after it as they were
-//!   when that block left. The checkpoint is that block's number, the log's positions, how
-//!   many tokens of the first logged document precede the block, and the first document's
-//!   index. On resume the documents are read again (as the shuffle buffer's are), their
-//!   first tokens skipped, and pushed through the stage again: the blocks they complete go
-//!   down the tail exactly as they did the first time (refilling the batch being filled,
-//!   then continuing to the consumer), and the rest is pending again. The log is pruned as
-//!   blocks reach the consumer, so it covers at most the blocks of one batch plus one
-//!   block.
+//!   log of the documents it was given since the start of the first block it has not yet
+//!   handed to the next stage: the one being filled, and, when one document completes
+//!   several blocks, those of them not yet handed on. A checkpoint is taken when an item
+//!   reaches the consumer, and at that moment no later stage holds a block (the only one
+//!   that could, a batch, has just emptied itself; a shuffle after `pack` makes `state()`
+//!   refuse). So the checkpoint is the number of blocks handed on, the log's positions,
+//!   how many tokens of the first logged document were in those blocks, and that
+//!   document's index. On resume the documents are read again (as the shuffle buffer's
+//!   are), their first tokens skipped, and pushed through the stage again: the blocks they
+//!   complete go down the tail as they did the first time, and the rest is pending again.
+//!   The log is pruned after every document, so it holds the documents of one block (plus
+//!   the rest of a long document).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -211,8 +212,6 @@ pub(crate) struct PackStage {
     /// Tokens of the next document already in earlier blocks (first document of a resume).
     skip_next: u64,
     log: VecDeque<Doc>,
-    /// The states of the stages after this one just before block `.0` entered them.
-    snaps: VecDeque<(u64, Vec<StageState>)>,
 }
 
 impl PackStage {
@@ -229,7 +228,6 @@ impl PackStage {
             tokens: 0,
             skip_next: 0,
             log: VecDeque::new(),
-            snaps: VecDeque::new(),
         })
     }
 
@@ -325,40 +323,24 @@ impl PackStage {
         !self.packer.pending().is_empty()
     }
 
-    /// Block `block` goes to the next stage, whose states (and the later ones') are
-    /// `downstream` just before.
-    pub fn note_sent(&mut self, block: u64, downstream: Vec<StageState>) {
+    /// Block `block` goes to the next stage.
+    pub fn note_sent(&mut self, block: u64) {
         self.sent = block + 1;
-        self.snaps.push_back((block, downstream));
     }
 
-    /// The oldest block the consumer has not received whole: the first one held by a later
-    /// stage (`held`), else the next one to be sent.
-    fn oldest(&self, held: Option<u64>) -> u64 {
-        held.unwrap_or(self.sent).min(self.sent)
-    }
-
-    /// Forgets the documents and snapshots no checkpoint can need any more.
-    pub fn prune(&mut self, held: Option<u64>) {
-        let y = self.oldest(held);
-        let at = y * self.spec.block_size as u64;
+    /// Forgets the documents no checkpoint can need any more: those wholly in blocks
+    /// handed on.
+    pub fn prune(&mut self) {
+        let at = self.sent * self.spec.block_size as u64;
         while self.log.front().is_some_and(|d| d.start + d.len <= at) {
             self.log.pop_front();
         }
-        while self.snaps.front().is_some_and(|(b, _)| *b < y) {
-            self.snaps.pop_front();
-        }
     }
 
-    /// The checkpoint of this stage when the consumer has everything before the oldest
-    /// block held by a later stage (`held`, or none): its state, and the states the later
-    /// stages had when that block left (when one is held).
-    pub fn checkpoint(
-        &self,
-        held: Option<u64>,
-    ) -> Result<(StageState, Option<Vec<StageState>>), Error> {
-        let y = self.oldest(held);
-        let at = y * self.spec.block_size as u64;
+    /// The checkpoint of this stage, for a moment when the later stages hold none of its
+    /// blocks (see the module docs).
+    pub fn checkpoint(&self) -> Result<StageState, Error> {
+        let at = self.sent * self.spec.block_size as u64;
         let k = self.log.partition_point(|d| d.start + d.len <= at);
         let (docs, skip, next_doc) = match self.log.get(k) {
             None => (Vec::new(), 0, self.packer.state().next_doc),
@@ -369,25 +351,12 @@ impl PackStage {
             ),
             Some(_) => return Err(Error::invalid("pack: the replay log lost this position")),
         };
-        let snap = if y < self.sent {
-            let s = self
-                .snaps
-                .iter()
-                .find(|(b, _)| *b == y)
-                .ok_or_else(|| Error::invalid("pack: the snapshot of this block was pruned"))?;
-            Some(s.1.clone())
-        } else {
-            None
-        };
-        Ok((
-            StageState::Pack {
-                blocks: y,
-                docs,
-                skip,
-                next_doc,
-            },
-            snap,
-        ))
+        Ok(StageState::Pack {
+            blocks: self.sent,
+            docs,
+            skip,
+            next_doc,
+        })
     }
 
     /// A block as a sample, numbered.

@@ -589,7 +589,7 @@ fn build(s: &Shape) -> Pipeline {
     let mut p = if s.store {
         tokenized(shards().interleave(2).shuffle_shards(true))
     } else {
-        Pipeline::from_samples(doc_samples(&docs(70, 9, s.seed)))
+        Pipeline::from_samples(doc_samples(&docs(60, 16, s.seed)))
     };
     if let Some(b) = s.buffer {
         p = p.shuffle(b);
@@ -629,7 +629,7 @@ fn shape() -> impl Strategy<Value = Shape> {
         (
             any::<bool>(),
             proptest::option::of(1usize..20),
-            1usize..24,
+            1usize..12,
             any::<bool>(),
             any::<bool>(),
         ),
