@@ -733,3 +733,115 @@ fn resuming_at_every_item_yields_exactly_the_rest() {
         }
     }
 }
+
+#[test]
+fn tokenize_then_pack_from_a_toml_spec() {
+    // Two JSONL shards of text, tokenized with GPT-2's tokenizer.json, packed into blocks of
+    // 16 with its <|endoftext|> between documents, batched by 4: the batches' rows are the
+    // reference packing of the ids the same spec gives without pack and batch. The run is
+    // then stopped in the middle and resumed.
+    let dir = tempfile::tempdir().unwrap();
+    let words = [
+        "data",
+        "keeps",
+        "the",
+        "accelerator",
+        "fed",
+        "ünïcödé",
+        "🚀",
+        "tokens",
+    ];
+    let mut n = 0;
+    for shard in 0..2 {
+        let mut body = String::new();
+        for line in 0..25 {
+            let k = 1 + (shard * 31 + line * 7) % 13;
+            let text: Vec<&str> = (0..k).map(|j| words[(line + j) % words.len()]).collect();
+            body.push_str(&serde_json::json!({ "text": text.join(" ") }).to_string());
+            body.push('\n');
+            n += 1;
+        }
+        std::fs::write(dir.path().join(format!("part-{shard}.jsonl")), body).unwrap();
+    }
+    let tokenizer = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../stoker-ops/tests/fixtures/text/gpt2-tokenizer.json");
+    let spec = |ops: &str| -> Pipeline {
+        let text = format!(
+            r#"
+            source = "file://{}/"
+            format = "jsonl"
+            seed = 3
+            shuffle_shards = true
+            [[ops]]
+            op = "tokenize"
+            field = "text"
+            tokenizer = "{}"
+            {ops}
+            [options]
+            threads = 2
+            "#,
+            dir.path().display(),
+            tokenizer.display()
+        );
+        let spec: stoker_pipeline::PipelineSpec = toml::from_str(&text).unwrap();
+        spec.build(Default::default()).unwrap()
+    };
+    let d = ids_of_docs(&spec(""));
+    assert_eq!(d.len(), n);
+    let want = reference(&d, 16, Some(50_256), Some(0));
+    let p = spec(
+        r#"
+        [[ops]]
+        op = "pack"
+        block_size = 16
+        separator = 50256
+        [[ops]]
+        op = "batch"
+        size = 4
+        "#,
+    );
+    let full = collect(p.run().unwrap());
+    let mut rows = Vec::new();
+    for item in &full {
+        let Item::Batch(b) = item else {
+            panic!("{item:?}")
+        };
+        let Some(Value::Tensor(ids)) = b.get("input_ids") else {
+            panic!("{b:?}")
+        };
+        assert_eq!(ids.shape()[1], 16);
+        rows.extend(ids.to_vec::<i64>().unwrap());
+    }
+    let want_rows: Vec<i64> = want.iter().flat_map(|w| w.ids.clone()).collect();
+    assert_eq!(rows, want_rows);
+    let k = full.len() / 2;
+    let mut run = p.run().unwrap();
+    run.by_ref().take(k).for_each(|i| drop(i.unwrap()));
+    let st = PipelineState::from_json(&run.state().unwrap().to_json()).unwrap();
+    drop(run);
+    assert_eq!(collect(p.resume(&st).unwrap()), full[k..]);
+}
+
+#[test]
+fn a_state_with_a_batch_of_blocks_being_filled_is_refused() {
+    let p = Pipeline::from_samples(doc_samples(&docs(20, 5, 1)))
+        .pack(Pack::new(4))
+        .batch(2, false);
+    let mut r = p.run().unwrap();
+    r.next().unwrap().unwrap();
+    let mut st = r.state().unwrap();
+    drop(r);
+    st.stages[1] = stoker_pipeline::StageState::Batch {
+        partial: vec![stoker_pipeline::Pos {
+            shard: u32::MAX,
+            record: 2,
+        }],
+    };
+    let e = p
+        .resume(&st)
+        .unwrap()
+        .find_map(Result::err)
+        .unwrap()
+        .to_string();
+    assert!(e.contains("batch of packed blocks"), "{e}");
+}
