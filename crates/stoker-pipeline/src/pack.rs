@@ -28,6 +28,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use stoker_core::{DType, Error, Sample, Tensor, Value};
 use stoker_ops::text::{ids_of, Block, Packer, PackerParams, PackerState, Remainder};
@@ -182,6 +183,21 @@ impl Pack {
                 PackRemainder::Drop => Remainder::Drop,
             })
     }
+}
+
+/// `n` values (`values`, then `fill`) as a 1-d tensor of `dtype` (int64 or int32).
+fn per_token(dtype: DType, n: usize, values: impl Iterator<Item = i64>) -> Result<Tensor, Error> {
+    let mut out = Vec::with_capacity(n * dtype.size());
+    match dtype {
+        DType::I32 => values.for_each(|v| out.extend_from_slice(&(v as i32).to_le_bytes())),
+        _ => values.for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+    }
+    Tensor::new(dtype, vec![n], Bytes::from(out))
+}
+
+/// `values`, then `fill` up to `n` items.
+fn pad(values: impl Iterator<Item = i64>, n: usize, fill: i64) -> impl Iterator<Item = i64> {
+    values.chain(std::iter::repeat(fill)).take(n)
 }
 
 /// A document the stage was given, kept while a block not yet received may hold its tokens.
@@ -366,28 +382,24 @@ impl PackStage {
         self.made += 1;
         let segments = b.doc_index.len();
         let mut s = Sample::with_capacity(8);
-        let per_token = |v: Vec<i64>| -> Result<Value, Error> {
-            Ok(Value::Tensor(match self.dtype {
-                DType::I32 => {
-                    let narrow: Vec<i32> = v.into_iter().map(|x| x as i32).collect();
-                    Tensor::from_slice(vec![n], &narrow)?
-                }
-                _ => Tensor::from_slice(vec![n], &v)?,
-            }))
-        };
+        let dtype = self.dtype;
+        let real = b.real_len();
         s.insert(
             self.spec.field.as_str(),
-            per_token(b.input_ids.iter().map(|&x| i64::from(x)).collect())?,
+            per_token(dtype, n, b.input_ids.iter().map(|&x| i64::from(x)))?,
         );
-        s.insert(
-            "position_ids",
-            per_token(b.position_ids().into_iter().map(i64::from).collect())?,
-        );
-        s.insert("segment_ids", per_token(b.segment_ids())?);
-        s.insert(
-            "attention_mask",
-            per_token(b.attention_mask().into_iter().map(i64::from).collect())?,
-        );
+        let positions = b
+            .cu_seqlens
+            .windows(2)
+            .flat_map(|w| 0..i64::from(w[1] - w[0]));
+        s.insert("position_ids", per_token(dtype, n, pad(positions, n, 0))?);
+        let segment_ids = (0..segments).flat_map(|k| {
+            let w = &b.cu_seqlens[k..k + 2];
+            std::iter::repeat_n(k as i64, (w[1] - w[0]) as usize)
+        });
+        s.insert("segment_ids", per_token(dtype, n, pad(segment_ids, n, -1))?);
+        let mask = std::iter::repeat_n(1, real);
+        s.insert("attention_mask", per_token(dtype, n, pad(mask, n, 0))?);
         let cu: Vec<i32> = b.cu_seqlens.iter().map(|&x| x as i32).collect();
         s.insert("cu_seqlens", Tensor::from_slice(vec![cu.len()], &cu)?);
         let index: Vec<i64> = b.doc_index.iter().map(|&d| d as i64).collect();
