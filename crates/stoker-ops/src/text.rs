@@ -41,5 +41,5 @@
 mod pack;
 mod tokenize;
 
-pub use pack::{Block, BlockTensors, Packer, PackerParams, PackerState, Remainder};
+pub use pack::{ids_of, Block, BlockTensors, Packer, PackerParams, PackerState, Remainder};
 pub use tokenize::{PadSide, Tokenize, TokenizeParams, Tokenized};

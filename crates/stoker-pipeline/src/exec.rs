@@ -36,6 +36,7 @@ use parking_lot::{Condvar, Mutex};
 use stoker_core::{Batch, CollatePolicy, Error, MemoryBudget, Reservation, Sample};
 
 use crate::ops::{OpContext, SampleOp};
+use crate::pack::{Pack, PackStage, BLOCK_SHARD};
 use crate::plan::{ErrorPolicy, Op, Pipeline};
 use crate::rng::Rng;
 use crate::source::{
@@ -105,6 +106,17 @@ pub enum StageState {
     Count {
         /// Items counted this epoch.
         seen: u64,
+    },
+    /// A pack stage: the documents to replay (see the `pack` module).
+    Pack {
+        /// Blocks it handed on this epoch (the replay makes block `blocks` first).
+        blocks: u64,
+        /// Positions of the documents to push again, in order.
+        docs: Vec<Pos>,
+        /// Tokens (separators included) of the first document that were in earlier blocks.
+        skip: u64,
+        /// The first document's index in the epoch's stream.
+        next_doc: u64,
     },
 }
 
@@ -177,6 +189,7 @@ enum TailOp {
     Map(usize, Arc<dyn SampleOp>),
     Shuffle(usize),
     Batch(usize, bool, CollatePolicy),
+    Pack(Arc<Pack>),
     Unbatch,
     Take(u64),
     Skip(u64),
@@ -188,6 +201,7 @@ impl TailOp {
             TailOp::Map(_, op) => format!("map[{}]", op.meta().name),
             TailOp::Shuffle(n) => format!("shuffle({n})"),
             TailOp::Batch(n, d, _) => format!("batch({n}{})", if *d { ", drop_last" } else { "" }),
+            TailOp::Pack(p) => p.name(),
             TailOp::Unbatch => "unbatch".into(),
             TailOp::Take(n) => format!("take({n})"),
             TailOp::Skip(n) => format!("skip({n})"),
@@ -231,6 +245,10 @@ fn optimize(ops: &[Op]) -> Physical {
             } => {
                 only_shuffles = false;
                 tail.push(TailOp::Batch(*size, *drop_last, collate.clone()))
+            }
+            Op::Pack(p) => {
+                only_shuffles = false;
+                tail.push(TailOp::Pack(p.clone()))
             }
             Op::Unbatch => {
                 only_shuffles = false;
@@ -324,6 +342,7 @@ fn op_name(op: &Op) -> String {
         Op::Map(m) => m.meta().name,
         Op::Shuffle(n) => format!("shuffle({n})"),
         Op::Batch { size, .. } => format!("batch({size})"),
+        Op::Pack(p) => p.name(),
         Op::Unbatch => "unbatch".into(),
         Op::Take(n) => format!("take({n})"),
         Op::Skip(n) => format!("skip({n})"),
@@ -408,6 +427,8 @@ impl ShuffleMirror {
 /// Where the consumer is, as of one item.
 #[derive(Debug, Clone)]
 struct Mark {
+    /// Why this position cannot be a checkpoint (a stage lost what it needs for it).
+    broken: Option<String>,
     epoch: u64,
     last_seq: Option<u64>,
     shuffle_ops: u64,
@@ -530,6 +551,21 @@ impl Run {
         } else if ph
             .tail
             .iter()
+            .filter(|t| matches!(t, TailOp::Pack(_)))
+            .count()
+            > 1
+        {
+            Err("state() supports at most one pack stage".to_string())
+        } else if ph
+            .tail
+            .iter()
+            .skip_while(|t| !matches!(t, TailOp::Pack(_)))
+            .any(|t| matches!(t, TailOp::Shuffle(_)))
+        {
+            Err("state() does not support a shuffle after pack yet".to_string())
+        } else if ph
+            .tail
+            .iter()
             .skip_while(|t| !matches!(t, TailOp::Batch(..)))
             .any(|t| matches!(t, TailOp::Shuffle(_)))
         {
@@ -582,6 +618,12 @@ impl Run {
                     },
                     TailOp::Batch(..) => StageState::Batch { partial: vec![] },
                     TailOp::Take(_) | TailOp::Skip(_) => StageState::Count { seen: 0 },
+                    TailOp::Pack(_) => StageState::Pack {
+                        blocks: 0,
+                        docs: vec![],
+                        skip: 0,
+                        next_doc: 0,
+                    },
                     _ => StageState::Stateless,
                 })
                 .collect(),
@@ -676,6 +718,9 @@ impl Run {
         let Some(m) = &self.last else {
             return Ok(self.start.clone());
         };
+        if let Some(why) = &m.broken {
+            return Err(Error::invalid(why.clone()));
+        }
         let cursor = match m.last_seq {
             Some(seq) => self
                 .shared
@@ -964,6 +1009,7 @@ enum Stage {
         collate: CollatePolicy,
         partial: Vec<Element>,
     },
+    Pack(Box<PackStage>),
     Unbatch,
     Take(u64, u64),
     Skip(u64, u64),
@@ -1035,6 +1081,14 @@ impl TailCtx {
                 Ok(s) => run.stages = s,
                 Err(e) => {
                     let _ = out_tx.send(vec![OutMsg::Err(e)]);
+                    return;
+                }
+            }
+            if let Some(st) = restored {
+                if let Err(e) = run.replay(st) {
+                    run.fail(e);
+                }
+                if run.failed {
                     return;
                 }
             }
@@ -1183,6 +1237,7 @@ impl TailRun<'_> {
         let ctx = self.ctx;
         let mut stages = Vec::new();
         let mut mirror = ctx.shared.shuffle.lock();
+        let mut after_pack = false;
         for (i, t) in ctx.ph_tail.iter().enumerate() {
             let st = restored.map(|s| &s.stages[i]);
             stages.push(match t {
@@ -1209,10 +1264,27 @@ impl TailRun<'_> {
                     drop_last: *d,
                     collate: c.clone(),
                     partial: match st {
+                        // A checkpoint is never taken while a batch after a pack holds
+                        // blocks (see the `pack` module).
+                        Some(StageState::Batch { partial })
+                            if after_pack && !partial.is_empty() =>
+                        {
+                            return Err(Error::invalid(
+                                "this state was not taken from a run of this pipeline (a \
+                                 batch of packed blocks being filled)",
+                            ))
+                        }
                         Some(StageState::Batch { partial }) => self.rematerialize(partial, i)?,
                         _ => Vec::new(),
                     },
                 },
+                TailOp::Pack(p) => {
+                    after_pack = true;
+                    Stage::Pack(Box::new(match st {
+                        Some(st) => PackStage::restore(p.clone(), st)?,
+                        None => PackStage::new(p.clone())?,
+                    }))
+                }
                 TailOp::Unbatch => Stage::Unbatch,
                 TailOp::Take(n) => Stage::Take(
                     *n,
@@ -1231,6 +1303,24 @@ impl TailRun<'_> {
             });
         }
         Ok(stages)
+    }
+
+    /// Pushes the documents of a restored pack stage through it again (see the `pack`
+    /// module): the blocks they complete go down the tail as they did before.
+    fn replay(&mut self, restored: &PipelineState) -> Result<(), Error> {
+        for i in 0..self.stages.len() {
+            let docs = match (&self.stages[i], &restored.stages[i]) {
+                (Stage::Pack(_), StageState::Pack { docs, .. }) => docs,
+                _ => continue,
+            };
+            for el in self.rematerialize(docs, i)? {
+                self.push(i, Flow::Elem(el));
+                if self.failed {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Samples at `positions`, read again and passed through the producer and the tail
@@ -1385,13 +1475,7 @@ impl TailRun<'_> {
                         }
                         Ok(None) => c.add(&c.dropped, 1),
                         Err(e) => {
-                            err = Some(
-                                e.with_stage(op.meta().name)
-                                    .with_object(
-                                        self.ctx.ds.shards[el.pos.shard as usize].url.clone(),
-                                    )
-                                    .with_record(el.pos.record),
-                            )
+                            err = Some(locate(&self.ctx.ds, e.with_stage(op.meta().name), el.pos))
                         }
                     }
                 }
@@ -1455,6 +1539,30 @@ impl TailRun<'_> {
                 }
                 Flow::Batch(..) => err = Some(Error::invalid("batch of batches")),
             },
+            Stage::Pack(p) => match item {
+                Flow::Elem(el) => match p.push(el.pos, &el.sample) {
+                    Ok(blocks) => {
+                        // The documents' bytes leave the budget with them; blocks count.
+                        drop(el);
+                        for (pos, sample) in blocks {
+                            let hold = self.ctx.budget.try_reserve(sample.size_bytes() as u64);
+                            outs.push(Flow::Elem(Element {
+                                seq: 0,
+                                pos,
+                                sample,
+                                hold,
+                            }));
+                        }
+                    }
+                    Err(e) => err = Some(locate(&self.ctx.ds, e.with_stage(p.spec.name()), el.pos)),
+                },
+                Flow::Batch(..) => {
+                    err = Some(Error::invalid(format!(
+                        "{} takes samples but receives batches (put it before batch)",
+                        p.spec.name()
+                    )))
+                }
+            },
             Stage::Unbatch => match item {
                 Flow::Batch(b, positions, _hold) => match b.unbatch() {
                     Ok(samples) => {
@@ -1493,9 +1601,23 @@ impl TailRun<'_> {
             self.error(e);
             return;
         }
+        let packs = matches!(self.stages[i], Stage::Pack(_));
         for o in outs {
             c.add(&c.items_out, 1);
+            if packs {
+                self.note_sent(i, &o);
+            }
             self.push(i + 1, o);
+        }
+        if let Stage::Pack(p) = &mut self.stages[i] {
+            p.prune();
+        }
+    }
+
+    /// A pack stage (`i`) hands `block` to the next stage.
+    fn note_sent(&mut self, i: usize, block: &Flow) {
+        if let (Stage::Pack(p), Flow::Elem(el)) = (&mut self.stages[i], block) {
+            p.note_sent(el.pos.record);
         }
     }
 
@@ -1540,10 +1662,30 @@ impl TailRun<'_> {
                         }
                     }
                 }
+                Stage::Pack(p) if p.has_pending() => match p.finish() {
+                    Ok(Some((pos, sample))) => {
+                        let hold = self.ctx.budget.try_reserve(sample.size_bytes() as u64);
+                        Flow::Elem(Element {
+                            seq: 0,
+                            pos,
+                            sample,
+                            hold,
+                        })
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        let e = e.with_stage(p.spec.name());
+                        self.error(e);
+                        return;
+                    }
+                },
                 _ => break,
             };
             let c = self.counters(i);
             c.add(&c.items_out, 1);
+            if matches!(self.stages[i], Stage::Pack(_)) {
+                self.note_sent(i, &item);
+            }
             self.push(i + 1, item);
             if self.failed {
                 return;
@@ -1558,22 +1700,17 @@ impl TailRun<'_> {
             Flow::Batch(b, _, hold) => (Item::Batch(b), hold),
         };
         self.yielded_in_epoch += 1;
-        let stages = self
-            .stages
-            .iter()
-            .map(|s| match s {
-                Stage::Map(..) | Stage::Unbatch => StageState::Stateless,
-                Stage::Shuffle { .. } => StageState::Shuffle {
-                    emitted: 0,
-                    buffer: vec![],
-                },
-                Stage::Batch { partial, .. } => StageState::Batch {
-                    partial: partial.iter().map(|e| e.pos).collect(),
-                },
-                Stage::Take(_, seen) | Stage::Skip(_, seen) => StageState::Count { seen: *seen },
-            })
-            .collect();
+        let mut stages: Vec<StageState> = self.stages.iter().map(simple_state).collect();
+        let mut broken = None;
+        for (i, s) in self.stages.iter().enumerate() {
+            let Stage::Pack(p) = s else { continue };
+            match p.checkpoint() {
+                Ok(st) => stages[i] = st,
+                Err(e) => broken = Some(e.message),
+            }
+        }
         let mark = Mark {
+            broken,
             epoch: self.epoch,
             last_seq: self.last_seq,
             shuffle_ops: self.ctx.shared.shuffle.lock().ops(),
@@ -1590,6 +1727,31 @@ impl TailRun<'_> {
         if now || self.out_buf.len() >= OUT_CHUNK {
             self.flush_out();
         }
+    }
+}
+
+/// A stage's state in a checkpoint, except what needs the run (the shuffle buffer's, filled
+/// in by [`Run::state`]; a pack stage's, by `TailRun::emit`).
+fn simple_state(s: &Stage) -> StageState {
+    match s {
+        Stage::Map(..) | Stage::Unbatch | Stage::Pack(_) => StageState::Stateless,
+        Stage::Shuffle { .. } => StageState::Shuffle {
+            emitted: 0,
+            buffer: vec![],
+        },
+        Stage::Batch { partial, .. } => StageState::Batch {
+            partial: partial.iter().map(|e| e.pos).collect(),
+        },
+        Stage::Take(_, seen) | Stage::Skip(_, seen) => StageState::Count { seen: *seen },
+    }
+}
+
+/// `e` with the object and record of the sample at `pos` (a pack's block: its number).
+fn locate(ds: &Dataset, e: Error, pos: Pos) -> Error {
+    match ds.shards.get(pos.shard as usize) {
+        Some(shard) => e.with_object(shard.url.clone()).with_record(pos.record),
+        None if pos.shard == BLOCK_SHARD => e.with_object(format!("pack block {}", pos.record)),
+        None => e,
     }
 }
 

@@ -34,6 +34,7 @@ mod column_ops;
 mod exec;
 mod image_ops;
 mod ops;
+mod pack;
 mod plan;
 pub use stoker_core::rng;
 mod diskcache;
@@ -46,6 +47,7 @@ pub use column_ops::FillValue;
 pub use exec::{explain, Item, PipelineState, Run, StageState};
 pub use image_ops::Size;
 pub use ops::{Builtin, FnOp, OpContext, SampleOp};
+pub use pack::{Pack, PackRemainder};
 pub use plan::{
     ErrorPolicy, FormatChoice, Op, Pipeline, RankPolicy, RankSplit, RunOptions, Source,
 };

@@ -7,6 +7,7 @@ use stoker_formats::Format;
 use stoker_store::{Store, StoreOptions};
 
 use crate::ops::SampleOp;
+use crate::pack::Pack;
 
 /// Where the samples come from.
 #[derive(Clone)]
@@ -102,6 +103,8 @@ pub enum Op {
         /// How fields are combined.
         collate: CollatePolicy,
     },
+    /// Packs the token ids of consecutive samples into fixed-length blocks (see [`Pack`]).
+    Pack(Arc<Pack>),
     /// Splits batches back into samples.
     Unbatch,
     /// At most this many items per epoch.
@@ -295,6 +298,13 @@ impl Pipeline {
         self
     }
 
+    /// Packs documents' token ids into blocks of `pack.block_size` (see [`Pack`]): a
+    /// sequential stage that takes samples (before any `batch`) and gives blocks.
+    pub fn pack(mut self, pack: Pack) -> Self {
+        self.ops.push(Op::Pack(Arc::new(pack)));
+        self
+    }
+
     /// Splits batches into samples.
     pub fn unbatch(mut self) -> Self {
         self.ops.push(Op::Unbatch);
@@ -369,6 +379,11 @@ impl Pipeline {
         }
         if self.epochs == Some(0) {
             return Err(Error::invalid("epochs must be at least 1"));
+        }
+        for op in &self.ops {
+            if let Op::Pack(p) = op {
+                p.validate()?;
+            }
         }
         Ok(())
     }

@@ -51,6 +51,7 @@ use stoker_formats::Format;
 use stoker_store::StoreOptions;
 
 use crate::ops::Builtin;
+use crate::pack::Pack;
 use crate::plan::{ErrorPolicy, FormatChoice, Pipeline, RankPolicy, RunOptions};
 
 /// A pipeline spec (see the module docs).
@@ -178,6 +179,8 @@ pub enum OpSpec {
         #[serde(default)]
         pad_value: Option<f64>,
     },
+    /// Sequence packing: token ids of consecutive samples into fixed-length blocks.
+    Pack(Pack),
     /// Split batches.
     Unbatch,
     /// At most n items per epoch.
@@ -236,6 +239,10 @@ impl OpSpec {
                         fields: vec![],
                     },
                 )
+            }
+            OpSpec::Pack(pack) => {
+                pack.validate()?;
+                p.pack(pack.clone())
             }
             OpSpec::Unbatch => p.unbatch(),
             OpSpec::Take { n } => p.take(*n),

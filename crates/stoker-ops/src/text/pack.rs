@@ -255,66 +255,10 @@ impl Packer {
         out
     }
 
-    /// [`Packer::push`] for a document's ids as a pipeline holds them: a 1-d integer
-    /// tensor (what [`crate::text::Tokenize`] makes, without padding) or a list of `Int`
-    /// (a pre-tokenized Parquet or JSON column). Ids must fit `u32`.
+    /// [`Packer::push`] for a document's ids as a pipeline holds them (see [`ids_of`]).
+    /// Refused ids leave the packer as it was.
     pub fn push_value(&mut self, ids: &Value) -> Result<Vec<Block>, Error> {
-        let wide: Vec<i64> = match ids {
-            Value::Tensor(t) if t.shape().len() == 1 => match t.dtype() {
-                DType::I64 => t.to_vec::<i64>().unwrap_or_default(),
-                DType::I32 => t
-                    .to_vec::<i32>()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(i64::from)
-                    .collect(),
-                DType::I16 => t
-                    .to_vec::<i16>()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(i64::from)
-                    .collect(),
-                DType::U8 => t
-                    .to_vec::<u8>()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(i64::from)
-                    .collect(),
-                d => {
-                    return Err(Error::operator(format!(
-                        "pack: ids are a {d} tensor, expected integers"
-                    )))
-                }
-            },
-            Value::List(items) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_int().ok_or_else(|| {
-                        Error::operator(format!("pack: id {i} is {}, expected an int", v.kind()))
-                    })
-                })
-                .collect::<Result<_, _>>()?,
-            other => {
-                return Err(Error::operator(format!(
-                    "pack: ids are {} {}, expected a 1-d integer tensor or a list of ints",
-                    if let Value::Tensor(t) = other {
-                        format!("a tensor of shape {:?},", t.shape())
-                    } else {
-                        "a".into()
-                    },
-                    other.kind()
-                )))
-            }
-        };
-        let ids = wide
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| {
-                u32::try_from(x)
-                    .map_err(|_| Error::operator(format!("pack: id {i} ({x}) is not a token id")))
-            })
-            .collect::<Result<Vec<u32>, _>>()?;
+        let ids = ids_of(ids)?;
         Ok(self.push(&ids))
     }
 
@@ -347,6 +291,59 @@ impl Packer {
             cu_seqlens,
             doc_index: std::mem::take(&mut s.doc_index),
         }
+    }
+}
+
+/// A document's token ids as a pipeline holds them: a 1-d integer tensor (what
+/// [`crate::text::Tokenize`] makes, without padding) or a list of `Int` (a pre-tokenized
+/// Parquet or JSON column). Ids must fit `u32`; anything else is an operator error that says
+/// what the value is.
+pub fn ids_of(ids: &Value) -> Result<Vec<u32>, Error> {
+    let id = |i: usize, x: i64| {
+        u32::try_from(x)
+            .map_err(|_| Error::operator(format!("pack: id {i} ({x}) is not a token id")))
+    };
+    // One pass from the tensor's little-endian bytes to the ids.
+    fn each<const N: usize>(
+        t: &Tensor,
+        wide: impl Fn([u8; N]) -> i64,
+        id: impl Fn(usize, i64) -> Result<u32, Error>,
+    ) -> Result<Vec<u32>, Error> {
+        t.data()
+            .chunks_exact(N)
+            .enumerate()
+            .map(|(i, c)| id(i, wide(c.try_into().expect("element size"))))
+            .collect()
+    }
+    match ids {
+        Value::Tensor(t) if t.shape().len() == 1 => match t.dtype() {
+            DType::I64 => each(t, i64::from_le_bytes, id),
+            DType::I32 => each(t, |b| i64::from(i32::from_le_bytes(b)), id),
+            DType::I16 => each(t, |b| i64::from(i16::from_le_bytes(b)), id),
+            DType::U8 => each(t, |b: [u8; 1]| i64::from(b[0]), id),
+            d => Err(Error::operator(format!(
+                "pack: ids are a {d} tensor, expected integers"
+            ))),
+        },
+        Value::List(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let x = v.as_int().ok_or_else(|| {
+                    Error::operator(format!("pack: id {i} is {}, expected an int", v.kind()))
+                })?;
+                id(i, x)
+            })
+            .collect(),
+        other => Err(Error::operator(format!(
+            "pack: ids are {} {}, expected a 1-d integer tensor or a list of ints",
+            if let Value::Tensor(t) = other {
+                format!("a tensor of shape {:?},", t.shape())
+            } else {
+                "a".into()
+            },
+            other.kind()
+        ))),
     }
 }
 
