@@ -30,7 +30,7 @@ import tomllib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from . import _native, io
+from . import _native, _threads, io
 from ._native import Buffer, DataError, Run
 from ._options import is_store_key, store_pairs, to_json
 
@@ -225,14 +225,20 @@ class Pipeline:
 
     def run(self) -> Run:
         """Starts a run: an iterator of dicts with ``stats()`` and ``state_dict()``."""
+        _threads.check_fork()
+        _threads.note_started()
         return self._p.run()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        _threads.check_fork()
+        _threads.note_started()
         return self._p.run()
 
     def resume(self, state: Mapping[str, Any]) -> Run:
         """Starts a run from ``state`` (a run's ``state_dict()``, or that dict after a JSON
         round trip): it yields exactly the items that run had not yet yielded."""
+        _threads.check_fork()
+        _threads.note_started()
         return self._p.resume(to_json(state))
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> Pipeline:
