@@ -29,6 +29,7 @@ import torch
 import torch.utils.data as tud
 
 from . import Buffer, Pipeline, _threads
+from ._views import whole_view as _whole_view
 
 __all__ = ["DataLoader", "Dataset", "distributed_rank", "to_torch"]
 
@@ -36,15 +37,6 @@ __all__ = ["DataLoader", "Dataset", "distributed_rank", "to_torch"]
 SHARED_POLICIES = ("copy", "view")
 
 _STATE_VERSION = 1
-
-
-def _whole_view(a: np.ndarray, base: Buffer) -> bool:
-    """Whether ``a`` is the whole tensor ``base`` holds (not a slice or reshape of it)."""
-    if not a.flags.c_contiguous or tuple(a.shape) != tuple(base.shape):
-        return False
-    if a.__array_interface__["data"][0] != base.address:
-        return False
-    return a.dtype.name == base.dtype or (base.dtype == "bfloat16" and a.dtype == np.uint16)
 
 
 _warned_pin = False
