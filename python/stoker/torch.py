@@ -220,6 +220,7 @@ class Dataset(tud.IterableDataset):
         # Set by DataLoader for worker processes: send _Tagged items.
         self._tagged = False
         self._run: Any = None
+        self._last_state: Any = None
         self._split: tuple[int, int] | None = None
 
     # Pickling: everything but the run of this process. ---------------------------------
@@ -227,6 +228,7 @@ class Dataset(tud.IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_run"] = None
+        state["_last_state"] = None
         return state
 
     # Iteration ----------------------------------------------------------------------
@@ -298,6 +300,12 @@ class Dataset(tud.IterableDataset):
             if tagged:
                 yield _Tagged(None, part, None, True)
         finally:
+            # The position stays readable after the run is closed (state_dict() after the
+            # epoch, or after the loader dropped its iterator).
+            try:
+                self._last_state = run.state_dict()
+            except (ValueError, RuntimeError):
+                self._last_state = None
             run.close()
 
     # State ----------------------------------------------------------------------------
@@ -336,7 +344,10 @@ class Dataset(tud.IterableDataset):
                 return copy.deepcopy(self._start)
             return self._make_state({}, 0, 1)
         try:
-            state = self._run.state_dict()
+            if self._run.closed and self._last_state is not None:
+                state = self._last_state
+            else:
+                state = self._run.state_dict()
         except RuntimeError as e:
             raise RuntimeError(
                 f"{e}; with DataLoader workers use stoker.torch.DataLoader's state_dict()"

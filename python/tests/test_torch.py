@@ -479,9 +479,15 @@ def test_dataset_state_dict_without_a_loader_and_mismatched_workers(s3, prefix):
     ds2 = st.Dataset(p, rank=0, world_size=1)
     ds2.load_state_dict(state)
     assert head + batches_as_lists(TorchDataLoader(ds2, batch_size=None)) == full
+    # After a whole epoch the state is the end: resuming yields nothing.
+    loader = st.DataLoader(ds)
+    assert batches_as_lists(loader) == full
+    end = loader.state_dict()
+    loader.load_state_dict(end)
+    assert batches_as_lists(loader) == []
+    assert batches_as_lists(loader) == full  # and the next iteration starts afresh
     with pytest.raises(ValueError, match="same number"):
-        loader = st.DataLoader(ds, num_workers=2)
-        loader.load_state_dict(state)
+        st.DataLoader(ds, num_workers=2).load_state_dict(state)
 
 
 def test_a_state_of_the_wrong_rank_is_refused():
