@@ -42,7 +42,8 @@ def test_bfloat16_and_shared_memory_reach_jax():
     import ml_dtypes
 
     # A from_samples tensor is shared with the pipeline's samples: copied before export.
-    sample = next(iter(stoker.from_samples([{"x": np.arange(4, dtype=np.int32)}])))
+    kept = stoker.from_samples([{"x": np.arange(4, dtype=np.int32)}])  # keeps its samples
+    sample = next(iter(kept))
     assert not sample["x"].base.exclusive
     got = sj.to_jax(sample)["x"]
     assert got.dtype == jnp.int32 and got.tolist() == [0, 1, 2, 3]
