@@ -200,9 +200,12 @@ class Dataset(tud.IterableDataset):
         super().__init__()
         if not isinstance(pipeline, Pipeline):
             raise TypeError(f"Dataset takes a stoker.Pipeline, not {type(pipeline).__name__}")
-        if "shard" in pipeline._calls():
+        source = pipeline._recipe[0] if pipeline._recipe else None
+        spec_rank = source is not None and source[0] == "from_spec" and "rank" in source[1][0]
+        if "shard" in pipeline._calls() or spec_rank:
             raise ValueError(
-                "the pipeline is already sharded with .shard(): stoker.torch.Dataset shards "
+                "the pipeline is already sharded (.shard() or a spec's [rank]): "
+                "stoker.torch.Dataset shards "
                 "it by rank (and worker) itself; give it the unsharded pipeline"
             )
         if policy not in ("drop", "pad"):

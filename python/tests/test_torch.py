@@ -291,6 +291,9 @@ def test_bad_datasets_and_loaders_are_refused():
         st.Dataset([1, 2, 3])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="already sharded"):
         st.Dataset(p.shard(0, 2), rank=0, world_size=1)
+    spec = {"source": "s3://data/x/", "format": "files", "rank": {"rank": 0, "world": 2}}
+    with pytest.raises(ValueError, match="already sharded"):
+        st.Dataset(stoker.from_spec(spec), rank=0, world_size=1)
     with pytest.raises(ValueError, match="policy"):
         st.Dataset(p, rank=0, world_size=1, policy="even")
     ds = st.Dataset(p, rank=0, world_size=1)
