@@ -30,7 +30,7 @@ import tomllib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from . import _native, io
+from . import _native, _threads, io
 from ._native import Buffer, DataError, Run
 from ._options import is_store_key, store_pairs, to_json
 
@@ -58,14 +58,34 @@ class Pipeline:
     Build one with :func:`from_url`, :func:`from_spec` or :func:`from_samples`.
     """
 
-    __slots__ = ("_p",)
+    __slots__ = ("_p", "_recipe")
 
-    def __init__(self, native: _native.Pipeline) -> None:
+    def __init__(self, native: _native.Pipeline, _recipe: tuple[Any, ...] = ()) -> None:
         if not isinstance(native, _native.Pipeline):
             raise TypeError(
                 "build a Pipeline with stoker.from_url, stoker.from_spec or stoker.from_samples"
             )
         object.__setattr__(self, "_p", native)
+        # How to build this pipeline again: the source call, then every method call, as
+        # (name, args, kwargs). Pickling sends this recipe (see __reduce__).
+        object.__setattr__(self, "_recipe", _recipe)
+
+    def _then(self, native: _native.Pipeline, name: str, *args: Any, **kwargs: Any) -> Pipeline:
+        return Pipeline(native, self._recipe + ((name, args, kwargs),))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A native pipeline holds threads' worth of engine state and no serialisable form,
+        # so a pickle is the recipe: the source call (its arguments, including store
+        # options and credentials as they were given; the samples of from_samples) and the
+        # method calls since, replayed on unpickling. That is what DataLoader workers
+        # started with "spawn" receive.
+        if not self._recipe:
+            raise TypeError("this Pipeline was built without a recipe and cannot be pickled")
+        return (_rebuild, (self._recipe,))
+
+    def _calls(self) -> list[str]:
+        """The names of the calls that built this pipeline (source first)."""
+        return [name for name, _, _ in self._recipe]
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Pipeline is immutable: its methods return new pipelines")
@@ -80,42 +100,42 @@ class Pipeline:
         file's ``[[ops]]`` entry names it: ``.map("decode_utf8", field="txt")`` is
         ``{op = "decode_utf8", field = "txt"}``. Every operator the spec knows is available.
         """
-        return Pipeline(self._p.op(to_json({"op": op, **params}), "map"))
+        return self._then(self._p.op(to_json({"op": op, **params}), "map"), "map", op, **params)
 
     def filter(self, op: str, /, **params: Any) -> Pipeline:
         """Adds a native operator that may drop samples (``filter_len``), checking that it
         is one: ``.filter("filter_len", field="txt", min=1)``."""
-        return Pipeline(self._p.op(to_json({"op": op, **params}), "filter"))
+        return self._then(self._p.op(to_json({"op": op, **params}), "filter"), "filter", op, **params)
 
     def apply(self, op: Mapping[str, Any], /) -> Pipeline:
         """Adds any operator given as a spec entry (``{"op": "shuffle", "buffer": 100}``)."""
-        return Pipeline(self._p.op(to_json(dict(op)), "any"))
+        return self._then(self._p.op(to_json(dict(op)), "any"), "apply", dict(op))
 
     # Source settings ------------------------------------------------------------------
 
     def glob(self, pattern: str) -> Pipeline:
         """Only keys matching ``pattern`` (relative to the URL's prefix)."""
-        return Pipeline(self._p.glob(pattern))
+        return self._then(self._p.glob(pattern), "glob", pattern)
 
     def shuffle_shards(self, on: bool = True) -> Pipeline:
         """Reads shards (objects) in a new seeded order every epoch; for formats with one
         sample per object that is a full shuffle."""
-        return Pipeline(self._p.shuffle_shards(on))
+        return self._then(self._p.shuffle_shards(on), "shuffle_shards", on)
 
     def interleave(self, n: int) -> Pipeline:
         """Reads ``n`` shards at once, one sample from each in turn."""
-        return Pipeline(self._p.interleave(n))
+        return self._then(self._p.interleave(n), "interleave", n)
 
     def shard(self, rank: int, world: int, policy: str = "drop") -> Pipeline:
         """Keeps this data-parallel rank's share: ``"drop"`` gives every rank
         floor(n / world) samples per epoch, ``"pad"`` ceil(n / world)."""
-        return Pipeline(self._p.shard(rank, world, policy))
+        return self._then(self._p.shard(rank, world, policy), "shard", rank, world, policy)
 
     # Tail operators -------------------------------------------------------------------
 
     def shuffle(self, buffer: int) -> Pipeline:
         """A seeded shuffle buffer of ``buffer`` samples (a new order every epoch)."""
-        return Pipeline(self._p.shuffle(buffer))
+        return self._then(self._p.shuffle(buffer), "shuffle", buffer)
 
     def batch(
         self,
@@ -134,39 +154,39 @@ class Pipeline:
         else:
             fields = [(str(k), str(v)) for k, v in collate.items() if k != "*"]
             default = str(collate.get("*", "auto"))
-        return Pipeline(self._p.batch(size, drop_last, default, float(pad_value), fields))
+        return self._then(self._p.batch(size, drop_last, default, float(pad_value), fields), "batch", size, drop_last, collate, pad_value)
 
     def unbatch(self) -> Pipeline:
         """Splits batches back into samples."""
-        return Pipeline(self._p.unbatch())
+        return self._then(self._p.unbatch(), "unbatch")
 
     def take(self, n: int) -> Pipeline:
         """At most ``n`` items per epoch."""
-        return Pipeline(self._p.take(n))
+        return self._then(self._p.take(n), "take", n)
 
     def skip(self, n: int) -> Pipeline:
         """Skips the first ``n`` items of each epoch."""
-        return Pipeline(self._p.skip(n))
+        return self._then(self._p.skip(n), "skip", n)
 
     def cache(self, dir: str | os.PathLike | None = None) -> Pipeline:
         """Keeps parsed records after the first epoch, so later epochs neither fetch nor
         parse: in memory (within half the memory budget), or with ``dir`` in files there,
         one per shard, reused by later runs (a changed object is read anew)."""
-        return Pipeline(self._p.cache(None if dir is None else os.fspath(dir)))
+        return self._then(self._p.cache(None if dir is None else os.fspath(dir)), "cache", None if dir is None else os.fspath(dir))
 
     def prefetch(self, n: int) -> Pipeline:
         """Keeps ``n`` finished items ready ahead of the consumer."""
-        return Pipeline(self._p.prefetch(n))
+        return self._then(self._p.prefetch(n), "prefetch", n)
 
     # Run settings ---------------------------------------------------------------------
 
     def epochs(self, n: int | None) -> Pipeline:
         """Number of epochs; ``None`` repeats forever."""
-        return Pipeline(self._p.epochs(n))
+        return self._then(self._p.epochs(n), "epochs", n)
 
     def seed(self, seed: int) -> Pipeline:
         """The seed of every random choice (shard order, shuffle buffer, random ops)."""
-        return Pipeline(self._p.seed(seed))
+        return self._then(self._p.seed(seed), "seed", seed)
 
     def options(
         self,
@@ -182,16 +202,15 @@ class Pipeline:
         ``memory_limit`` (bytes or ``"2GiB"``: the one budget), ``deterministic`` (same
         order whatever the parallelism; default true), ``errors`` (``"raise"`` or
         ``"skip"``), ``autotune``, ``window`` (samples in flight)."""
-        return Pipeline(
-            self._p.options(
-                threads=threads,
-                memory_limit=memory_limit,
-                deterministic=deterministic,
-                errors=errors,
-                autotune=autotune,
-                window=window,
-            )
-        )
+        given = {
+            "threads": threads,
+            "memory_limit": memory_limit,
+            "deterministic": deterministic,
+            "errors": errors,
+            "autotune": autotune,
+            "window": window,
+        }
+        return self._then(self._p.options(**given), "options", **given)
 
     @property
     def run_options(self) -> dict[str, Any]:
@@ -206,20 +225,26 @@ class Pipeline:
 
     def run(self) -> Run:
         """Starts a run: an iterator of dicts with ``stats()`` and ``state_dict()``."""
+        _threads.check_fork()
+        _threads.note_started()
         return self._p.run()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        _threads.check_fork()
+        _threads.note_started()
         return self._p.run()
 
     def resume(self, state: Mapping[str, Any]) -> Run:
         """Starts a run from ``state`` (a run's ``state_dict()``, or that dict after a JSON
         round trip): it yields exactly the items that run had not yet yielded."""
+        _threads.check_fork()
+        _threads.note_started()
         return self._p.resume(to_json(state))
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> Pipeline:
         """A pipeline whose runs (``run()``, iteration) start at ``state``; ``None`` goes
         back to the beginning. The pipeline it is called on is unchanged."""
-        return Pipeline(self._p.with_state(None if state is None else to_json(state)))
+        return self._then(self._p.with_state(None if state is None else to_json(state)), "load_state_dict", None if state is None else dict(state))
 
     @property
     def start_state(self) -> dict[str, Any] | None:
@@ -274,7 +299,8 @@ def from_url(
     spec: dict[str, Any] = {"source": url, "format": format, "format_options": format_options}
     if glob is not None:
         spec["glob"] = glob
-    return Pipeline(_native.Pipeline.from_spec(to_json(spec), store_pairs(store)))
+    native = _native.Pipeline.from_spec(to_json(spec), store_pairs(store))
+    return Pipeline(native, (("from_spec", (spec,), store),))
 
 
 def from_spec(spec: Mapping[str, Any] | str | os.PathLike[str], **store_options: Any) -> Pipeline:
@@ -290,10 +316,24 @@ def from_spec(spec: Mapping[str, Any] | str | os.PathLike[str], **store_options:
         data = tomllib.loads(spec)
     else:
         raise TypeError("a spec is a dict, TOML text or the path of a TOML file")
-    return Pipeline(_native.Pipeline.from_spec(to_json(data), store_pairs(store_options)))
+    native = _native.Pipeline.from_spec(to_json(data), store_pairs(store_options))
+    return Pipeline(native, (("from_spec", (data,), dict(store_options)),))
 
 
 def from_samples(samples: Iterable[Mapping[str, Any]]) -> Pipeline:
     """A pipeline over samples in memory: dicts of ``bytes``, ``str``, ``int``, ``float``,
     ``bool``, ``None``, lists and NumPy arrays (copied into Stoker's data model)."""
-    return Pipeline(_native.Pipeline.from_samples([dict(s) for s in samples]))
+    items = [dict(s) for s in samples]
+    return Pipeline(_native.Pipeline.from_samples(items), (("from_samples", (items,), {}),))
+
+
+def _rebuild(recipe: tuple[Any, ...]) -> Pipeline:
+    """A pipeline from its recipe (unpickling)."""
+    (source, args, kwargs), *calls = recipe
+    sources = {"from_spec": from_spec, "from_samples": from_samples}
+    if source not in sources:
+        raise ValueError(f"not a Stoker pipeline recipe (source {source!r})")
+    p = sources[source](*args, **kwargs)
+    for name, args, kwargs in calls:
+        p = getattr(p, name)(*args, **kwargs)
+    return p

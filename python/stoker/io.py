@@ -17,7 +17,7 @@ import io as _io
 import os
 from typing import Any
 
-from . import _native
+from . import _native, _threads
 from ._options import store_pairs
 
 __all__ = ["ObjectFileIO", "open"]
@@ -31,6 +31,8 @@ class ObjectFileIO(_io.RawIOBase):
 
     def __init__(self, url: str | os.PathLike[str], **store_options: Any) -> None:
         super().__init__()
+        _threads.check_fork()
+        _threads.note_started()
         self._f = _native.ObjectFile(os.fspath(url), store_pairs(store_options))
 
     @property

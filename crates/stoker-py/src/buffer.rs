@@ -19,6 +19,8 @@
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
@@ -27,14 +29,22 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyMemoryView, PyTuple};
 use stoker_core::{DType, Tensor};
 
+use crate::dlpack;
+
 /// Read-only bytes owned by Stoker, shared with Python without a copy.
 #[pyclass(frozen, module = "stoker._native")]
 pub struct Buffer {
-    data: Bytes,
+    /// The bytes. DLPack exports share the `Arc`, not the `Bytes`, so that the `Bytes`'
+    /// own reference count still says whether anything besides this buffer (the cache,
+    /// other samples) holds the memory.
+    data: Arc<Bytes>,
     /// The one-dimensional shape, `[len]`, pointed to by exported views.
     shape: [ffi::Py_ssize_t; 1],
     /// The one stride, `[1]`, pointed to by exported views.
     strides: [ffi::Py_ssize_t; 1],
+    /// The tensor the bytes are, if they are one (its dtype and shape): what DLPack
+    /// exports. Plain bytes export as a one-dimensional `uint8` tensor.
+    tensor: Option<(DType, Vec<usize>)>,
 }
 
 impl std::fmt::Debug for Buffer {
@@ -52,9 +62,25 @@ impl Buffer {
     pub(crate) fn new(data: Bytes) -> Buffer {
         let len = data.len() as ffi::Py_ssize_t;
         Buffer {
-            data,
+            data: Arc::new(data),
             shape: [len],
             strides: [1],
+            tensor: None,
+        }
+    }
+
+    /// A buffer holding tensor `t`'s memory (the same bytes; DLPack exports the tensor).
+    pub(crate) fn of_tensor(t: &Tensor) -> Buffer {
+        Buffer {
+            tensor: Some((t.dtype(), t.shape().to_vec())),
+            ..Buffer::new(t.data().clone())
+        }
+    }
+
+    fn dtype_and_shape(&self) -> (DType, Vec<usize>) {
+        match &self.tensor {
+            Some((d, s)) => (*d, s.clone()),
+            None => (DType::U8, vec![self.data.len()]),
         }
     }
 }
@@ -124,11 +150,62 @@ impl Buffer {
         self.data.as_ptr() as usize
     }
 
+    /// The dtype DLPack exports (`"uint8"` for plain bytes; `"bfloat16"` for bfloat16
+    /// tensors, which NumPy sees as `uint16`).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.dtype_and_shape().0.name()
+    }
+
+    /// The shape DLPack exports (`(len,)` for plain bytes).
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.dtype_and_shape().1)
+    }
+
+    /// Whether this buffer is the only reference to its memory (a batch the engine just
+    /// stacked), so that writing to it cannot change anything else; DLPack marks other
+    /// memory read-only.
+    #[getter]
+    fn exclusive(&self) -> bool {
+        self.data.is_unique()
+    }
+
+    /// The number of DLPack exports of this buffer still alive (consumed or not).
+    #[getter]
+    fn exports(&self) -> usize {
+        Arc::strong_count(&self.data) - 1
+    }
+
+    /// DLPack export (see `dlpack`): a capsule over this memory, without a copy unless
+    /// `copy=True`.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__(
+        &self,
+        py: Python<'_>,
+        stream: Option<&Bound<'_, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        let req = dlpack::request(stream, max_version, dl_device, copy)?;
+        let (dtype, shape) = self.dtype_and_shape();
+        dlpack::export(py, &self.data, dtype, &shape, req)
+    }
+
+    /// `(kDLCPU, 0)`: the memory is the CPU's.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (dlpack::DEVICE_CPU, 0)
+    }
+
     fn __repr__(&self) -> String {
+        let (dtype, shape) = self.dtype_and_shape();
         format!(
-            "<stoker Buffer of {} bytes at {:#x}>",
+            "<stoker Buffer of {} bytes at {:#x}: {} {:?}>",
             self.data.len(),
-            self.data.as_ptr() as usize
+            self.data.as_ptr() as usize,
+            dtype.name(),
+            shape
         )
     }
 }
@@ -169,6 +246,6 @@ pub(crate) fn ndarray<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, P
     // `ndarray(shape, dtype, buffer=owner)` makes `owner` the array's base (a reshape of
     // `frombuffer` would make the base another array).
     let ndarray = NDARRAY.import(py, "numpy", "ndarray")?;
-    let owner = Bound::new(py, Buffer::new(t.data().clone()))?;
+    let owner = Bound::new(py, Buffer::of_tensor(t))?;
     ndarray.call1((shape, dtype, owner))
 }

@@ -16,7 +16,9 @@
 //!   iteration; the run sits behind a mutex, so several Python threads may iterate it.
 //! - [`buffer::Buffer`] (`_native.Buffer`): the owner of a Stoker byte buffer, exported
 //!   through the buffer protocol (read-only). Bytes fields reach Python as `memoryview`s of
-//!   it and tensors as NumPy arrays over it, without a copy (see `buffer`).
+//!   it and tensors as NumPy arrays over it, without a copy (see `buffer`). It also
+//!   exports its memory over DLPack (`__dlpack__`, see [`dlpack`]), which is how tensors
+//!   reach torch and JAX without a copy.
 //! - [`io::ObjectFile`] (`_native.ObjectFile`): a seekable reader over one object with the
 //!   store's ranged reads, read-ahead and cache; `stoker.io.open` wraps it in `io` classes.
 //! - Errors mapped once, in [`error`], to Python exception classes by kind.
@@ -27,6 +29,7 @@
 
 mod buffer;
 mod convert;
+mod dlpack;
 mod error;
 mod io;
 mod pipeline;
