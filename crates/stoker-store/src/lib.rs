@@ -49,6 +49,7 @@
 //! it lacks is the read path for training data, and that is what this crate is.
 
 mod backend;
+mod body;
 pub mod cache;
 mod error;
 mod list;
@@ -56,6 +57,7 @@ mod location;
 mod many;
 mod metrics;
 mod options;
+mod ordered;
 mod pool;
 mod reader;
 mod store;

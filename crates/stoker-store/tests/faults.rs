@@ -203,3 +203,52 @@ async fn uncached_streams_pass_chunks_through_and_resume() {
     assert_eq!(parts.concat(), data(1 << 20)[1000..(1 << 20) - 7]);
     assert_eq!(store.metrics().cache.inserts, 0, "nothing was cached");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuts_that_make_progress_do_not_use_up_the_retry_budget() {
+    // One retry allowed, eight cuts: each resume delivers 100 KB before the next cut, so the
+    // read keeps going (the budget counts failures in a row, not cuts in all).
+    let opts = StoreOptions::default()
+        .with_retries(1, Duration::from_secs(30))
+        .with_part_size(4 << 20)
+        .with_cache_memory(0);
+    let (server, store) = setup(opts).await;
+    server.faults().add(
+        FaultRule::new(Fault::ShortBody {
+            after_bytes: 100_000,
+        })
+        .method("GET")
+        .times(8),
+    );
+    let got = store.get_range("obj.bin", 0..(1 << 20)).await.unwrap();
+    assert_eq!(got, data(1 << 20));
+    assert!(store.metrics().resumes >= 4, "{:?}", store.metrics());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuts_without_progress_fail_after_the_budget_naming_the_range() {
+    let opts = StoreOptions::default()
+        .with_retries(2, Duration::from_secs(30))
+        .with_part_size(256 * 1024)
+        .with_cache_memory(0);
+    let (server, store) = setup(opts).await;
+    server.faults().add(
+        FaultRule::new(Fault::ShortBody { after_bytes: 0 })
+            .method("GET")
+            .times(1000),
+    );
+    let stream = store
+        .read_stream("obj.bin", Some(0..(1 << 20)))
+        .await
+        .unwrap();
+    let items: Vec<_> = futures::StreamExt::collect(stream).await;
+    let e = items.last().unwrap().as_ref().unwrap_err();
+    assert!(items[..items.len() - 1].iter().all(|i| i.is_ok()));
+    let msg = e.to_string();
+    assert!(msg.contains("s3://faults/obj.bin"), "{msg}");
+    assert!(
+        msg.contains("bytes 0-262144"),
+        "names the part's range: {msg}"
+    );
+    assert!(store.metrics().failed_reads >= 1);
+}

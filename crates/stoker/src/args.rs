@@ -159,6 +159,11 @@ pub struct BenchArgs {
     /// Disable the memory cache (every epoch goes to the server).
     #[arg(long)]
     pub no_cache: bool,
+    /// Threads that drive the connections: 1 (default) is one thread for all of them, as
+    /// curl does, cheapest on few cores; 0 is one per core; more help only where one core
+    /// cannot keep up with the network.
+    #[arg(long, default_value_t = 1)]
+    pub io_threads: usize,
     #[command(flatten)]
     pub store: StoreArgs,
 }

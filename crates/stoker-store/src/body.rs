@@ -1,0 +1,242 @@
+//! [`Body`]: one ranged GET read chunk by chunk, with Stoker's body handling. The length is
+//! checked against the range, and a body cut short (a reset, a timeout, a server that stops
+//! early) is resumed from the last byte received, with `If-Match` on the ETag so bytes of two
+//! versions are never spliced.
+//!
+//! Opening a body waits for the response's headers only: the body stays in the socket until
+//! it is read. A stream of parts opens several bodies ahead (their latency overlaps) and reads
+//! only the oldest, so bytes go from the socket to the caller through memory that is reused at
+//! once, instead of piling up in buffers for the parts behind it.
+
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::stream::{self, BoxStream, StreamExt};
+use object_store::{GetOptions, GetRange, ObjectStore};
+
+use crate::error::{Error, Result};
+use crate::store::{to_path, ObjectInfo, Store};
+
+/// A ranged GET being read. Cut bodies are resumed; a resume that delivers bytes restores the
+/// retry budget, so only failures in a row without progress count against it.
+pub(crate) struct Body {
+    store: Store,
+    key: String,
+    /// The range asked for; `end` is clamped to the object's size when metadata is wanted.
+    range: Range<u64>,
+    received: u64,
+    etag: Option<String>,
+    want_meta: bool,
+    info: Option<ObjectInfo>,
+    /// Requests made since the last one that delivered a byte.
+    attempts: u32,
+    /// When resuming stops: set at the first cut without progress since.
+    deadline: Option<Instant>,
+    stream: Option<BoxStream<'static, object_store::Result<Bytes>>>,
+}
+
+impl Body {
+    /// Sends the GET for `range` of `key` and waits for its headers. `etag` pins the version
+    /// (when `None`, the first response's ETag does); `want_meta` also keeps the object's
+    /// metadata from the response and clamps a range past the end to the object's size.
+    pub(crate) async fn open(
+        store: &Store,
+        key: &str,
+        range: Range<u64>,
+        etag: Option<String>,
+        want_meta: bool,
+    ) -> Result<Body> {
+        let mut body = Body {
+            store: store.clone(),
+            key: key.to_string(),
+            range,
+            received: 0,
+            etag,
+            want_meta,
+            info: None,
+            attempts: 0,
+            deadline: None,
+            stream: None,
+        };
+        body.request().await?;
+        Ok(body)
+    }
+
+    /// The bytes this body will deliver in all.
+    pub(crate) fn expected(&self) -> u64 {
+        self.range.end - self.range.start
+    }
+
+    /// The object's metadata from the first response (when asked for).
+    pub(crate) fn take_info(&mut self) -> Option<ObjectInfo> {
+        self.info.take()
+    }
+
+    fn url(&self) -> String {
+        self.store.object_url(&self.key)
+    }
+
+    /// One GET from the first byte not yet received to the end of the range.
+    async fn request(&mut self) -> Result<()> {
+        let inner = self.store.inner();
+        let m = &inner.metrics;
+        self.attempts += 1;
+        self.stream = None;
+        let start = self.range.start + self.received;
+        let opts = GetOptions {
+            range: Some(GetRange::Bounded(start..self.range.end)),
+            if_match: self.etag.clone(),
+            ..Default::default()
+        };
+        m.get_requests.fetch_add(1, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let res = match inner.backend.get_opts(&to_path(&self.key), opts).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::NotFound { url: self.url() });
+            }
+            Err(object_store::Error::Precondition { .. }) => {
+                return Err(Error::Changed {
+                    url: self.url(),
+                    expected: self.etag.clone().unwrap_or_default(),
+                    actual: "(a newer version)".into(),
+                });
+            }
+            Err(e) => {
+                m.failed_reads.fetch_add(1, Ordering::Relaxed);
+                return Err(match Error::from_backend("get", &self.url(), e) {
+                    Error::Request { source, .. } => Error::Read {
+                        url: self.url(),
+                        range: start..self.range.end,
+                        attempts: self.attempts,
+                        source,
+                    },
+                    other => other,
+                });
+            }
+        };
+        m.op_latency.record(t0.elapsed());
+        // The response fixes the version (first request) or must match it (resumes).
+        match (&self.etag, &res.meta.e_tag) {
+            (Some(expected), Some(actual)) if expected != actual => {
+                return Err(Error::Changed {
+                    url: self.url(),
+                    expected: expected.clone(),
+                    actual: actual.clone(),
+                });
+            }
+            (None, Some(actual)) => self.etag = Some(actual.clone()),
+            _ => {}
+        }
+        if self.want_meta && self.received == 0 && self.info.is_none() {
+            self.info = Some(ObjectInfo {
+                key: self.key.clone(),
+                ..ObjectInfo::from_meta(&res.meta)
+            });
+            // The server clamps a range that runs past the end.
+            self.range.end = self.range.end.min(res.meta.size.max(self.range.start));
+        }
+        if res.range.start != start {
+            return Err(self.short(self.received));
+        }
+        self.stream = Some(res.into_stream());
+        Ok(())
+    }
+
+    fn short(&self, got: u64) -> Error {
+        Error::ShortRead {
+            url: self.url(),
+            range: self.range.clone(),
+            expected: self.expected(),
+            got,
+            attempts: self.attempts,
+        }
+    }
+
+    /// The next chunk as the network delivered it, `None` once every byte of the range has
+    /// arrived. A cut body is resumed within the retry budget; a body longer than the range,
+    /// or one that cannot be resumed, is an error naming the object, range and attempts.
+    pub(crate) async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+        loop {
+            let expected = self.expected();
+            let cut = match self.stream.as_mut() {
+                Some(s) => match s.next().await {
+                    Some(Ok(c)) => {
+                        let got = self.received + c.len() as u64;
+                        if got > expected {
+                            self.stream = None;
+                            return Err(self.short(got));
+                        }
+                        self.received = got;
+                        if !c.is_empty() {
+                            self.attempts = 1;
+                            self.deadline = None;
+                        }
+                        let m = &self.store.inner().metrics;
+                        m.bytes_read.fetch_add(c.len() as u64, Ordering::Relaxed);
+                        return Ok(Some(c));
+                    }
+                    Some(Err(e)) => Some(e),
+                    None if self.received == expected => {
+                        self.stream = None;
+                        return Ok(None);
+                    }
+                    None => None,
+                },
+                // Ended (or failed) before: nothing more comes.
+                None if self.received == expected => return Ok(None),
+                None => None,
+            };
+            self.resume(cut).await?;
+        }
+    }
+
+    /// After a cut: waits out the backoff and asks for the rest, or reports the failure once
+    /// the budget is spent.
+    async fn resume(&mut self, cut: Option<object_store::Error>) -> Result<()> {
+        self.stream = None;
+        let inner = self.store.inner();
+        let max_attempts = inner.opts.max_retries as u32 + 1;
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| Instant::now() + inner.opts.retry_timeout);
+        if self.attempts >= max_attempts || Instant::now() >= deadline {
+            inner.metrics.failed_reads.fetch_add(1, Ordering::Relaxed);
+            return Err(match cut {
+                Some(e) => Error::Read {
+                    url: self.url(),
+                    range: self.range.clone(),
+                    attempts: self.attempts,
+                    source: Arc::new(e),
+                },
+                None => self.short(self.received),
+            });
+        }
+        inner.metrics.resumes.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(url = %self.url(), got = self.received, expected = self.expected(), "body cut short; resuming");
+        tokio::time::sleep(backoff(self.attempts)).await;
+        self.request().await
+    }
+
+    /// The rest of the body as a stream of chunks (ends after the first error).
+    pub(crate) fn into_stream(self) -> BoxStream<'static, Result<Bytes>> {
+        stream::unfold(Some(self), |body| async move {
+            let mut body = body?;
+            match body.next_chunk().await {
+                Ok(Some(c)) => Some((Ok(c), Some(body))),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+        .boxed()
+    }
+}
+
+/// Exponential backoff with full jitter: uniform in [0, min(2 s, 25 ms * 2^attempt)].
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    let cap = Duration::from_millis(25u64 << attempt.min(7)).min(Duration::from_secs(2));
+    cap.mul_f64(rand::random::<f64>())
+}
