@@ -23,6 +23,12 @@ Pipelines:
             DataLoader
   imagenet  decode, RandomResizedCrop(224) (scale 0.08-1, ratio 3/4-4/3), horizontal flip
             p=0.5, to float32 CHW, normalize with ImageNet's mean/std; batches of 64
+  text      GPT-2 BPE tokenization (the tokenizer.json fixture of stoker-ops) of 20,000
+            English-like paragraphs of 40-160 words in 8 JSONL files (seeded; 15% of the
+            words are made of random syllables, so BPE merges run, not only its cache): truncate to
+            1024 ids, end-of-text id appended, batches of 64 padded to the longest (ids and
+            mask padded with 0); peers: Hugging Face tokenizers' encode_batch_fast (rayon
+            on every core) in batches of 64 (hf-64) and 1024 (hf-1024), to NumPy arrays
   simclr    the same plus ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8, grayscale p=0.2,
             GaussianBlur(23, sigma 0.1-2)
 
@@ -32,6 +38,7 @@ Contenders:
   torch-3w   the same with 3 workers (the best setting found on 2 cores)
   tfdata     tf.data (imagenet only): decode_and_crop_jpeg at a sampled box, resize,
              flip, normalize, AUTOTUNE
+  hf-64, hf-1024  (text only) Hugging Face tokenizers, see the text pipeline
   limit-full the limit: PIL decode of every file to RGB, one process per core
   limit-half the same at half size, by libjpeg-turbo's DCT-domain scaling (PIL's draft)
 
@@ -67,6 +74,9 @@ MAKE_JPEGS = REPO / "crates/stoker-ops/examples/make_jpegs.py"
 MAKE_CLIPS = REPO / "crates/stoker-ops/examples/audio_make_clips.py"
 CLIPS = 200
 CLASSES = 10
+TEXTS = 20000
+TEXT_FILES = 8
+TOKENIZER = REPO / "crates/stoker-ops/tests/fixtures/text/gpt2-tokenizer.json"
 
 
 def log(msg: str) -> None:
@@ -100,6 +110,60 @@ def prepare_audio(python: Path) -> Path:
         log(f"writing {CLIPS} MP3 clips into {d}")
         subprocess.run([str(python), str(MAKE_CLIPS), str(d)], check=True)
         (d.parent / "speech-200.ok").write_text("ok\n")
+    return d
+
+
+WORDS = """the of and to in a is that for it as was with be by on not he i this are or his
+from at which but have an they you were her she there been one all we their has would when
+if so no will more can out up about into them some could time these two may then do first
+any my now such like our over man me even most made after also did many before must
+through back years where much your way well down should because each just those people
+state how too little good world very still own see men work long get here between both
+life being under never day same another know while last might us great old year off come
+since against go came right used take three states himself few house use during without
+again place around however home small found thought went say part once general high upon
+school every government system data model training learning network image images layer
+loss batch gradient memory storage object bucket server read write cache pipeline tensor
+accuracy validation epoch token tokens sequence language speech audio sample samples""".split()
+
+
+SYLLABLES = "ka lo mi ne ra tu vel sor phi gra str ing tion ment ous qua zel bri dro fen".split()
+
+
+def _paragraph(rng) -> str:
+    words = []
+    for i in range(rng.randint(40, 160)):
+        r = rng.random()
+        if r < 0.15:  # rare words, names and typos: the BPE merges, not just its cache
+            w = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 4)))
+        elif r < 0.19:
+            w = str(rng.randint(0, 99999))
+        elif r < 0.22:
+            w = rng.choice(WORDS).capitalize()
+        else:
+            w = rng.choice(WORDS)
+        words.append(w)
+        if rng.random() < 0.08:
+            words[-1] += rng.choice([",", ".", ";", ":", "!", "?"])
+    return " ".join(words) + "."
+
+
+def prepare_text() -> Path:
+    """TEXTS English-like paragraphs of 40-160 words (seeded), in TEXT_FILES JSONL files."""
+    import random
+
+    d = Path(f"/tmp/stoker-bench-data/ops/text-{TEXTS}-v2")
+    ok = d.parent / f"text-{TEXTS}-v2.ok"
+    if not ok.exists():
+        log(f"writing {TEXTS} paragraphs into {d}")
+        d.mkdir(parents=True, exist_ok=True)
+        rng = random.Random(1)
+        per = TEXTS // TEXT_FILES
+        for f in range(TEXT_FILES):
+            with open(d / f"part-{f:02d}.jsonl", "w", encoding="utf-8") as out:
+                for _ in range(per):
+                    out.write(json.dumps({"text": _paragraph(rng)}) + "\n")
+        ok.write_text("ok\n")
     return d
 
 
@@ -214,6 +278,7 @@ class Ctx:
     python: Path
     work: Path
     env: dict = field(default_factory=dict)
+    text: Path = Path("/nonexistent")
 
 
 @dataclass
@@ -306,7 +371,33 @@ threads = {threads}
 """
 
 
+TEXT_SPEC = """
+source = "file://{text}/"
+format = "jsonl"
+seed = 1
+
+[[ops]]
+op = "tokenize"
+field = "text"
+tokenizer = "{tokenizer}"
+max_length = 1024
+eos_id = 50256
+[[ops]]
+op = "batch"
+size = 64
+collate = "pad"
+pad_value = 0
+
+[options]
+threads = {threads}
+"""
+
+
 def stoker_spec(ctx: Ctx, pipeline: str) -> Path:
+    if pipeline == "text":
+        p = ctx.work / "ops-text.toml"
+        p.write_text(TEXT_SPEC.format(text=ctx.text, tokenizer=TOKENIZER, threads=os.cpu_count()))
+        return p
     if pipeline == "speech":
         p = ctx.work / "ops-speech.toml"
         p.write_text(SPEECH_SPEC.format(audio=ctx.audio, threads=os.cpu_count()))
@@ -372,11 +463,22 @@ CONTENDERS = {
     "torch-2w": lambda ctx, p: _py(ctx, ["torch", "--dir", str(_dir(ctx, p)), "--workers", "2", "--pipeline", p]),
     "torch-3w": lambda ctx, p: _py(ctx, ["torch", "--dir", str(_dir(ctx, p)), "--workers", "3", "--pipeline", p]),
     "tfdata": lambda ctx, p: _py(ctx, ["tfdata", "--dir", str(ctx.data), "--pipeline", p]),
+    "hf-64": lambda ctx, p: _py(ctx, ["tokenize", "--dir", str(ctx.text), "--tokenizer", str(TOKENIZER),
+                                      "--batch", "64"]),
+    "hf-1024": lambda ctx, p: _py(ctx, ["tokenize", "--dir", str(ctx.text), "--tokenizer", str(TOKENIZER),
+                                        "--batch", "1024"]),
     "limit-full": lambda ctx, p: _py(ctx, ["decode", "--dir", str(ctx.data), "--procs", str(os.cpu_count())]),
     "limit-half": lambda ctx, p: _py(ctx, ["decode", "--dir", str(ctx.data), "--procs", str(os.cpu_count()),
                                            "--half"]),
 }
 ONLY_IMAGENET = {"tfdata", "limit-full", "limit-half"}
+ONLY_TEXT = {"hf-64", "hf-1024"}
+
+
+def contenders_of(pipeline: str, names: list[str]) -> list[str]:
+    if pipeline == "text":
+        return [n for n in names if n == "stoker" or n in ONLY_TEXT]
+    return [n for n in names if n not in ONLY_TEXT and (pipeline == "imagenet" or n not in ONLY_IMAGENET)]
 
 
 def summarize(pipeline: str, name: str, reps: list[Rep], error: str | None) -> dict:
@@ -439,13 +541,14 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(exist_ok=True)
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    ctx = Ctx(a, data, audio, a.stoker, a.python, work, env)
+    text = prepare_text() if "text" in pipelines else Path("/nonexistent")
+    ctx = Ctx(a, data, audio, a.stoker, a.python, work, env, text)
     names = [n for n in a.only.split(",") if n]
     rows = []
     try:
         for pipeline in pipelines:
-            expected = CLIPS if pipeline == "speech" else a.images
-            todo = [n for n in names if pipeline == "imagenet" or n not in ONLY_IMAGENET]
+            expected = {"speech": CLIPS, "text": TEXTS}.get(pipeline, a.images)
+            todo = contenders_of(pipeline, names)
             reps: dict[str, list[Rep]] = {n: [] for n in todo}
             errors: dict[str, str] = {}
             # One untimed pass warms the page cache and the Python imports.

@@ -9,6 +9,10 @@
           tf.data: list files, read, decode_and_crop_jpeg at a box drawn by
           sample_distorted_bounding_box (scale 0.08-1, ratio 3/4-4/3: tf's own fused
           crop-decode), resize 224, flip, normalize, AUTOTUNE everywhere, batch
+  tokenize --dir D --tokenizer F --batch B
+          Hugging Face tokenizers: the JSONL files' "text" fields, encode_batch (rayon on
+          every core) with truncation to 1024, the end-of-text id appended, padding to the
+          longest in the batch (with 0); ids and masks to NumPy int arrays
   decode  --dir D --procs N [--half]
           the limit: PIL (libjpeg-turbo) decode of every file to RGB in N processes;
           with --half, at half size by libjpeg-turbo's DCT-domain scaling (PIL's draft)
@@ -188,6 +192,46 @@ def _decode_part(args: tuple[list[str], int]) -> int:
     return len(paths)
 
 
+def text_files(d: str) -> list[str]:
+    return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".jsonl"))
+
+
+def cmd_tokenize(a: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    import numpy as np
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    eos = 50256
+    tok = Tokenizer.from_file(a.tokenizer)
+    tok.post_processor = TemplateProcessing(single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", eos)])
+    tok.enable_truncation(1024)
+    tok.enable_padding(pad_id=0, pad_token="!")  # ids and mask padded with 0, as stoker's spec
+    n, first, first_n = 0, None, 0
+
+    def flush(texts: list[str]) -> None:
+        nonlocal n, first, first_n
+        enc = tok.encode_batch_fast(texts)
+        ids = np.array([e.ids for e in enc], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+        assert ids.shape == mask.shape
+        if first is None:
+            first, first_n = time.perf_counter(), len(texts)
+        n += len(texts)
+
+    texts: list[str] = []
+    for path in text_files(a.dir):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                texts.append(json.loads(line)["text"])
+                if len(texts) == a.batch:
+                    flush(texts)
+                    texts = []
+    if texts:
+        flush(texts)
+    emit(n, t0, first, first_n)
+
+
 def cmd_decode(a: argparse.Namespace) -> None:
     import multiprocessing as mp
 
@@ -211,12 +255,16 @@ def main() -> None:
     f.add_argument("--dir", required=True)
     f.add_argument("--batch", type=int, default=64)
     f.add_argument("--pipeline", choices=["imagenet"], default="imagenet")
+    k = sub.add_parser("tokenize")
+    k.add_argument("--dir", required=True)
+    k.add_argument("--tokenizer", required=True)
+    k.add_argument("--batch", type=int, default=64)
     d = sub.add_parser("decode")
     d.add_argument("--dir", required=True)
     d.add_argument("--procs", type=int, default=2)
     d.add_argument("--half", action="store_true")
     a = p.parse_args()
-    {"torch": cmd_torch, "tfdata": cmd_tfdata, "decode": cmd_decode}[a.cmd](a)
+    {"torch": cmd_torch, "tfdata": cmd_tfdata, "decode": cmd_decode, "tokenize": cmd_tokenize}[a.cmd](a)
 
 
 if __name__ == "__main__":

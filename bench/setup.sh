@@ -67,6 +67,8 @@ if [[ -z "${NO_TORCH:-}" ]]; then
   # writes the MP3 clips.
   "$VENV/bin/python" -m pip install --quiet torchaudio soundfile lameenc
 fi
+# The text pipeline's peer (bench/ops.py --pipelines text): Hugging Face tokenizers.
+"$VENV/bin/python" -m pip install --quiet tokenizers
 
 "$VENV/bin/python" - <<'EOF2'
 import importlib.metadata as m
