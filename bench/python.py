@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Python package benchmark: stoker's Python API against PyTorch's DataLoader + torchvision,
+tf.data and Ray Data, on the same JPEG files in the same run, from local disk and from the
+S3 test server with injected latency; plus the same pipeline with a Python function in the
+middle.
+
+One command (after `bash bench/setup.sh`, and the stoker package installed into the bench
+venv: `.venv-bench/bin/pip install ./python`, a release build):
+
+    python3 bench/python.py [--reps 3] [--sources local,s3] [--variants plain,pyfn]
+                            [--only stoker,torch-2w,...] [--out bench/results/python.json]
+
+Data: the 2,000 ImageNet-like JPEGs of bench/ops.py (10 class directories), read from the
+page cache (local) or served by stoker-testserver with --latency-ms (default 10) before
+each response (s3). The pipeline: decode, RandomResizedCrop(224), horizontal flip, float32
+CHW normalized with ImageNet's mean/std, batches of 64 (bench/python_readers.py). Variant
+`pyfn` adds a Python function between the transforms and the batching (a 32x32 cutout).
+
+Contenders:
+  stoker        stoker.from_url(...).map(native ops).batch(64), batches as torch tensors
+                (threads = cores); pyfn: the function in stoker's worker processes
+  stoker-np     plain only: the same with NumPy batches (torch is not imported: its import
+                takes about 1 s of every torch contender's time to the first batch)
+  stoker-thr    pyfn only: the function run by stoker's threads (workers="threads")
+  torch-2w      torchvision in a DataLoader, 2 workers (local: ImageFolder; s3: the S3
+                connector's S3MapDataset)
+  torch-best    the same with the best worker count found here (3 local, 6 s3)
+  tfdata        tf.data with AUTOTUNE (s3: boto3 inside tf.py_function)
+  ray           Ray Data read_binary_files + map + iter_torch_batches
+
+Reported per contender: images/s from process start, images/s after the first batch, CPU
+ms per image and peak RSS and PSS, all summed over the process tree (workers, Ray's
+processes), and the time to the first batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import ops as opsbench  # noqa: E402
+import storage as storagebench  # noqa: E402
+
+REPO = HERE.parent
+READERS = HERE / "python_readers.py"
+BUCKET = "imagefolder-2000"
+
+CONTENDERS = ["stoker", "stoker-np", "stoker-thr", "torch-2w", "torch-best", "tfdata", "ray"]
+
+
+def log(msg: str) -> None:
+    opsbench.log(msg)
+
+
+def argv_of(name: str, source: str, variant: str, where: list[str]) -> list[str] | None:
+    pyfn = variant == "pyfn"
+    if name == "stoker":
+        return ["stoker", *where, *(["--pyfn", "processes"] if pyfn else [])]
+    if name == "stoker-np":
+        return ["stoker", *where, "--numpy"] if not pyfn else None
+    if name == "stoker-thr":
+        return ["stoker", *where, "--pyfn", "threads"] if pyfn else None
+    extra = ["--pyfn"] if pyfn else []
+    if name == "torch-2w":
+        return ["torch", *where, "--workers", "2", *extra]
+    if name == "torch-best":
+        return ["torch", *where, "--workers", "3" if source == "local" else "6", *extra]
+    if name in ("tfdata", "ray"):
+        return [name, *where, *extra]
+    raise ValueError(name)
+
+
+def run_one(ctx: opsbench.Ctx, python: Path, args: list[str]) -> opsbench.Rep:
+    r = opsbench.run_tree([str(python), str(READERS), *args], ctx.env, ctx.args.timeout)
+    if r.returncode != 0:
+        raise opsbench.ContenderError(f"{args[0]} exited {r.returncode}: {opsbench._tail(r.stderr)}")
+    res = opsbench.last_json(r.stdout)
+    return opsbench.Rep(float(res["seconds"]), int(res["images"]), r.cpu_s, r.peak_rss, r.peak_pss,
+                        res.get("first_batch_s"), int(res.get("first_batch_images") or 0))
+
+
+def table(rows: list[dict]) -> str:
+    head = (f"{'source':6} {'variant':7} {'contender':11} {'images/s':>9} {'steady/s':>9} {'CPU ms/img':>10} "
+            f"{'RSS MiB':>8} {'PSS MiB':>8} {'1st batch s':>11}  stoker/peer (steady)")
+    lines = [head, "-" * len(head)]
+    by = {(r["source"], r["variant"], r["contender"]): r for r in rows}
+    for r in rows:
+        tag = f"{r['source']:6} {r['variant']:7} {r['contender']:11}"
+        if r.get("error"):
+            lines.append(f"{tag} error: {r['error'][:90]}")
+            continue
+        s = by.get((r["source"], r["variant"], "stoker"))
+        ratio = ""
+        if s and not s.get("error") and not r["contender"].startswith("stoker"):
+            ratio = (f"{s['images_per_s'] / r['images_per_s']:.2f}x "
+                     f"({s['steady_images_per_s'] / r['steady_images_per_s']:.2f}x)")
+        fb = "-" if r["first_batch_s"] is None else f"{r['first_batch_s']:.2f}"
+        lines.append(f"{tag} {r['images_per_s']:9.0f} {r['steady_images_per_s']:9.0f} "
+                     f"{r['cpu_ms_per_image']:10.2f} {r['peak_rss_mib']:8.0f} {r['peak_pss_mib']:8.0f} "
+                     f"{fb:>11}  {ratio}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--sources", default="local,s3")
+    p.add_argument("--variants", default="plain,pyfn")
+    p.add_argument("--only", default=",".join(CONTENDERS))
+    p.add_argument("--latency-ms", type=float, default=10)
+    p.add_argument("--python", type=Path, default=REPO / ".venv-bench/bin/python")
+    p.add_argument("--server", type=Path, default=REPO / "target/release/stoker-testserver")
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--out", type=Path, default=REPO / "bench/results/python.json")
+    a = p.parse_args(argv)
+    for path, what in ((a.python, "the venv (bash bench/setup.sh)"),
+                       (a.server, "the test server (cargo build --release -p stoker-testserver)")):
+        if not path.exists():
+            log(f"missing {path}: build/install {what}")
+            return 2
+    data = opsbench.prepare_data(a.images, a.python)
+    work = Path("/tmp/stoker-bench-python")
+    work.mkdir(exist_ok=True)
+    env = storagebench.client_env(work)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    ctx = opsbench.Ctx(a, data, Path("/nonexistent"), Path("/nonexistent"), a.python, work, env)
+    sources = [s for s in a.sources.split(",") if s]
+    variants = [v for v in a.variants.split(",") if v]
+    names = [n for n in a.only.split(",") if n]
+    server = None
+    rows = []
+    try:
+        endpoint = ""
+        if "s3" in sources:
+            server = storagebench.Server(
+                [str(a.server), "--root", str(data.parent), "--host", "127.0.0.1", "--port", "0",
+                 "--latency-ms", f"{a.latency_ms:g}", "--access-key", storagebench.ACCESS_KEY,
+                 "--secret-key", storagebench.SECRET_KEY], work / "server.log")
+            endpoint = server.endpoint
+            log(f"test server at {endpoint}, bucket {BUCKET} = {data}")
+        for source in sources:
+            where = (["--dir", str(data)] if source == "local"
+                     else ["--s3", f"s3://{data.name}/", "--endpoint", endpoint])
+            for variant in variants:
+                todo = [(n, argv_of(n, source, variant, where)) for n in names]
+                todo = [(n, args) for n, args in todo if args is not None]
+                reps: dict[str, list[opsbench.Rep]] = {n: [] for n, _ in todo}
+                errors: dict[str, str] = {}
+                # One untimed pass warms the page cache, the server and the imports.
+                try:
+                    run_one(ctx, a.python, todo[0][1])
+                except opsbench.ContenderError as e:
+                    log(f"warm-up: {e}")
+                for rep in range(a.reps):
+                    order = todo[rep % len(todo):] + todo[:rep % len(todo)]
+                    for n, args in order:
+                        if n in errors:
+                            continue
+                        try:
+                            r = run_one(ctx, a.python, args)
+                            if r.images != a.images:
+                                raise opsbench.ContenderError(f"{r.images} images, expected {a.images}")
+                            reps[n].append(r)
+                            log(f"{source} {variant} {n} rep {rep + 1}: {r.images / r.seconds:.0f} images/s, "
+                                f"{1000 * r.cpu_s / r.images:.2f} ms CPU/image, "
+                                f"PSS {r.peak_pss / 2**20:.0f} MiB")
+                        except opsbench.ContenderError as e:
+                            errors[n] = str(e)
+                            log(f"{source} {variant} {n}: {e}")
+                for n, _ in todo:
+                    row = opsbench.summarize(f"{source}/{variant}", n, reps[n], errors.get(n))
+                    row.update(source=source, variant=variant)
+                    rows.append(row)
+    finally:
+        opsbench.kill_live_children()
+        if server is not None:
+            server.stop()
+    print(table(rows))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps({
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": opsbench.git_commit(),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "args": {k: str(v) for k, v in vars(a).items()},
+        "rows": rows,
+        "median": statistics.median.__name__,
+    }, indent=1))
+    log(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
