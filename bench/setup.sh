@@ -69,6 +69,10 @@ if [[ -z "${NO_TORCH:-}" ]]; then
 fi
 # The text pipeline's peer (bench/ops.py --pipelines text): Hugging Face tokenizers.
 "$VENV/bin/python" -m pip install --quiet tokenizers
+# bench/python.py: Ray Data (its torch iterator imports ray.train, which needs pydantic),
+# and stoker's own Python package, a release build (a few minutes; rerun after changes).
+"$VENV/bin/python" -m pip install --quiet "ray[data]" pydantic maturin
+PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pip install --quiet --no-build-isolation "$ROOT/python"
 
 "$VENV/bin/python" - <<'EOF2'
 import importlib.metadata as m
