@@ -7,7 +7,9 @@
 //!
 //! * **Parallel ranged reads.** A large read is split into parts (`part_size`, 8 MiB) fetched
 //!   concurrently (`max_concurrency`, 16) and delivered in order, first part first
-//!   ([`Store::read_stream`]).
+//!   ([`Store::read_stream`]). Without a cache, the oldest part streams to the caller as it
+//!   arrives and each part behind it reads at most 2 MiB ahead, then waits in its socket:
+//!   bytes pass through memory that stays warm instead of piling up (`ordered.rs`).
 //! * **Sequential read-ahead.** An [`ObjectReader`] keeps a window of fetches ahead of its
 //!   position that starts at 1 MiB and doubles while reads stay sequential; a seek resets it.
 //! * **Many small objects at once.** [`Store::fetch_many`] fetches whole objects with many
@@ -22,7 +24,9 @@
 //!   ([`Store::list_all`]), with glob filters and a metadata cache with a TTL.
 //! * **Retries** with exponential backoff and jitter on throttling (503 SlowDown), 5xx,
 //!   timeouts and resets (through `object_store`'s retry loop), plus Stoker's own resume of a
-//!   body cut short from the last byte received. Every read checks its length.
+//!   body cut short from the last byte received; the retry budget counts cuts in a row
+//!   without progress, so a long read with sporadic cuts completes. Every read checks its
+//!   length.
 //! * **Metrics** ([`Store::metrics`]): logical operations and every HTTP attempt, bytes,
 //!   retries, time-to-first-byte percentiles, cache and memory figures.
 //!
