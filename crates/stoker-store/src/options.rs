@@ -44,7 +44,8 @@ pub struct StoreOptions {
     pub read_ahead_max: u64,
     /// The memory budget shared by the cache and all read-ahead; `None` = a quarter of RAM.
     pub memory_limit: Option<u64>,
-    /// Memory the block cache may use; `None` = half the memory budget. Zero disables it.
+    /// Memory the block cache may use; `None` = half the memory budget, or none for local
+    /// files (the kernel's page cache holds them). Zero disables it.
     pub cache_memory: Option<u64>,
     /// Directory of the disk cache tier (survives restarts); none by default.
     pub cache_dir: Option<PathBuf>,

@@ -59,7 +59,13 @@ async fn local() -> Fixture {
         .trim_start_matches('/')
         .to_string();
     Fixture {
-        store: Store::open(dir.path().to_str().unwrap(), small_parts()).unwrap(),
+        // Local files are not block-cached by default (see below); the suite still runs the
+        // cached read path over them.
+        store: Store::open(
+            dir.path().to_str().unwrap(),
+            small_parts().with_cache_memory(32 << 20),
+        )
+        .unwrap(),
         prefix: format!("{root}/suite/"),
         _keep: Some(Box::new(dir)),
     }
@@ -273,4 +279,18 @@ async fn conformance_local_files() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_s3_server() {
     suite(s3().await).await;
+}
+
+#[test]
+fn local_files_are_not_block_cached_unless_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    assert!(!Store::open(path, StoreOptions::default()).unwrap().caches());
+    let asked = StoreOptions::default().with_cache_memory(1 << 20);
+    assert!(Store::open(path, asked).unwrap().caches());
+    assert!(Store::open("memory://c", StoreOptions::default())
+        .unwrap()
+        .caches());
+    let s3 = StoreOptions::default().with_endpoint("http://127.0.0.1:1");
+    assert!(Store::open("s3://bucket/", s3).unwrap().caches());
 }
