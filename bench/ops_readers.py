@@ -144,6 +144,25 @@ def cmd_torch(a: argparse.Namespace) -> None:
     emit(n, t0, first, first_n)
 
 
+def tf_imagenet(data, mean, std):
+    """The ImageNet transform in TensorFlow on one JPEG's bytes: decode_and_crop_jpeg at a box
+    drawn by sample_distorted_bounding_box (tf's own fused crop-decode), resize to 224,
+    flip, normalize, CHW. Shared with bench/python_readers.py."""
+    import tensorflow as tf
+
+    shape = tf.image.extract_jpeg_shape(data)
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape, tf.zeros([0, 0, 4], tf.float32), area_range=(0.08, 1.0),
+        aspect_ratio_range=(3 / 4, 4 / 3), max_attempts=10, use_image_if_no_bounding_boxes=True)
+    y, x, _ = tf.unstack(begin)
+    h, w, _ = tf.unstack(size)
+    img = tf.io.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
+    img = tf.image.resize(img, [224, 224], method="bilinear", antialias=True)
+    img = tf.image.random_flip_left_right(img)
+    img = (img - mean) / std
+    return tf.transpose(img, [2, 0, 1])
+
+
 def cmd_tfdata(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -152,24 +171,9 @@ def cmd_tfdata(a: argparse.Namespace) -> None:
     paths = files(a.dir)
     mean = tf.constant(MEAN) * 255.0
     std = tf.constant(STD) * 255.0
-
-    def load(path):
-        data = tf.io.read_file(path)
-        shape = tf.image.extract_jpeg_shape(data)
-        begin, size, _ = tf.image.sample_distorted_bounding_box(
-            shape, tf.zeros([0, 0, 4], tf.float32), area_range=(0.08, 1.0),
-            aspect_ratio_range=(3 / 4, 4 / 3), max_attempts=10, use_image_if_no_bounding_boxes=True)
-        y, x, _ = tf.unstack(begin)
-        h, w, _ = tf.unstack(size)
-        img = tf.io.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
-        img = tf.image.resize(img, [224, 224], method="bilinear", antialias=True)
-        img = tf.image.random_flip_left_right(img)
-        img = (img - mean) / std
-        return tf.transpose(img, [2, 0, 1])
-
     ds = (tf.data.Dataset.from_tensor_slices(paths)
           .shuffle(len(paths))
-          .map(load, num_parallel_calls=tf.data.AUTOTUNE)
+          .map(lambda path: tf_imagenet(tf.io.read_file(path), mean, std), num_parallel_calls=tf.data.AUTOTUNE)
           .batch(a.batch)
           .prefetch(tf.data.AUTOTUNE))
     n, first, first_n = 0, None, 0

@@ -23,27 +23,18 @@ set to 0) runs on every sample between the transforms and the batching.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
 import time
 
-MEAN = [0.485, 0.456, 0.406]
-STD = [0.229, 0.224, 0.225]
+from ops_readers import MEAN, STD, emit, tf_imagenet  # noqa: F401  (same directory)
+from ops_readers import files as local_files  # noqa: F401
+
 BATCH = 64
 ACCESS_KEY = "stoker-test"
 SECRET_KEY = "stoker-test-secret"
 REGION = "us-east-1"
-
-
-def emit(images: int, t0: float, first: float | None, first_n: int = 0) -> None:
-    print(json.dumps({
-        "images": images,
-        "seconds": time.perf_counter() - t0,
-        "first_batch_s": None if first is None else first - t0,
-        "first_batch_images": first_n,
-    }), flush=True)
 
 
 def cutout(x):
@@ -60,13 +51,6 @@ def stoker_cutout(sample: dict) -> dict:
     """`cutout` on a stoker sample (its arrays are read-only views of Stoker's buffers)."""
     sample["jpg"] = cutout(sample["jpg"].copy())
     return sample
-
-
-def local_files(d: str) -> list[str]:
-    out = []
-    for root, _dirs, names in os.walk(d):
-        out += [os.path.join(root, n) for n in names if n.lower().endswith((".jpg", ".jpeg"))]
-    return sorted(out)
 
 
 def split_s3(url: str) -> tuple[str, str]:
@@ -220,17 +204,7 @@ def cmd_tfdata(a: argparse.Namespace) -> None:
         read = tf.io.read_file
 
     def load(name):
-        data = read(name)
-        shape = tf.image.extract_jpeg_shape(data)
-        begin, size, _ = tf.image.sample_distorted_bounding_box(
-            shape, tf.zeros([0, 0, 4], tf.float32), area_range=(0.08, 1.0),
-            aspect_ratio_range=(3 / 4, 4 / 3), max_attempts=10, use_image_if_no_bounding_boxes=True)
-        y, x, _ = tf.unstack(begin)
-        h, w, _ = tf.unstack(size)
-        img = tf.io.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
-        img = tf.image.resize(img, [224, 224], method="bilinear", antialias=True)
-        img = tf.image.random_flip_left_right(img)
-        img = tf.transpose((img - mean) / std, [2, 0, 1])
+        img = tf_imagenet(read(name), mean, std)
         if a.pyfn:
             img = tf.py_function(lambda t: cutout(np.array(t)), [img], tf.float32)
             img.set_shape([3, 224, 224])
