@@ -47,6 +47,15 @@ pub(crate) fn value_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py
     })
 }
 
+/// A sample as a `dict` of its fields (what a Python map function receives).
+pub(crate) fn sample_to_py<'py>(py: Python<'py>, s: &Sample) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in s.iter() {
+        d.set_item(&**k, value_to_py(py, v)?)?;
+    }
+    Ok(d)
+}
+
 /// A sample or a batch as a `dict` of its fields.
 pub(crate) fn item_to_py<'py>(py: Python<'py>, item: &Item) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
@@ -133,8 +142,12 @@ pub(crate) fn py_to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
         let typestr: String = obj.getattr("dtype")?.getattr("str")?.extract()?;
         let dtype = dtype_of(&typestr)?;
         let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
-        let raw = obj.call_method0("tobytes")?;
-        let data = Bytes::copy_from_slice(raw.cast::<PyBytes>()?.as_bytes());
+        // One copy: the array's bytes as a flat `uint8` view (contiguous arrays are not
+        // copied by the reshape), read through the buffer protocol.
+        let flat = obj
+            .call_method1("reshape", (-1,))?
+            .call_method1("view", ("u1",))?;
+        let data = Bytes::from(PyBuffer::<u8>::get(&flat)?.to_vec(py)?);
         return Tensor::new(dtype, shape, data)
             .map(Value::Tensor)
             .map_err(|e| PyValueError::new_err(e.message));
@@ -147,6 +160,37 @@ pub(crate) fn py_to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
          tuple or a NumPy array)",
         obj.get_type().name()?
     )))
+}
+
+/// A `dict` as a sample, an error naming the field whose value cannot be one (what a Python
+/// map function returns).
+pub(crate) fn py_to_sample_named(obj: &Bound<'_, PyAny>) -> PyResult<Sample> {
+    let d = obj
+        .cast::<PyDict>()
+        .map_err(|_| PyTypeError::new_err("a sample is a dict of fields"))?;
+    let mut s = Sample::with_capacity(d.len());
+    for (k, v) in d.iter() {
+        let name: String = k.extract().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "field names must be str, not {}",
+                type_name(&k)
+            ))
+        })?;
+        let value = py_to_value(&v).map_err(|e| {
+            let py = v.py();
+            let class = e.get_type(py);
+            PyErr::from_type(class, format!("field {name:?}: {}", e.value(py)))
+        })?;
+        s.insert(name, value);
+    }
+    Ok(s)
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// A `dict` as a sample.
