@@ -61,6 +61,13 @@ class WorkerDied(RuntimeError):
     """A worker process ended while it ran the function on a sample."""
 
 
+def _failure(message: str, cls: type[Exception] = RuntimeError) -> Exception:
+    """An exception the engine reports as ``message`` alone (no traceback of this module)."""
+    err = cls(message)
+    err._stoker_message = message  # type: ignore[attr-defined]
+    return err
+
+
 # Shared-memory segments ------------------------------------------------------------------
 
 
@@ -131,7 +138,9 @@ def _plan(sample: dict[str, Any], check: bool) -> tuple[list[Any], list[Any], in
             flat = np.frombuffer(v, dtype=np.uint8) if not isinstance(v, memoryview) else _flat_view(v)
             return ("b", place(flat), flat.nbytes)
         if isinstance(v, (np.ndarray, np.generic)):
-            a = np.ascontiguousarray(v)
+            a = np.asarray(v)
+            if not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a)  # (never 0-d: ascontiguousarray makes 1-d of those)
             dt = a.dtype.str
             if check and (dt[1:] not in _DTYPES or (dt[0] == ">" and dt[1:] not in ("u1", "b1"))):
                 raise TypeError(
@@ -228,6 +237,10 @@ def _worker_main(conn: Any, fn_pickle: bytes, filter_: bool, name: str) -> None:
                 sample = _read(header, req)
                 out = fn(sample)
                 del sample
+            except Exception:
+                conn.send_bytes(pickle.dumps(("err", traceback.format_exc(), None), protocol=5))
+                continue
+            try:
                 if filter_:
                     conn.send_bytes(pickle.dumps(("ok", None, bool(out)), protocol=5))
                     continue
@@ -247,8 +260,9 @@ def _worker_main(conn: Any, fn_pickle: bytes, filter_: bool, name: str) -> None:
                 _write(resp, payloads)
                 del out, payloads
                 conn.send_bytes(pickle.dumps(("ok", new_name, out_header), protocol=5))
-            except Exception:
-                conn.send_bytes(pickle.dumps(("err", traceback.format_exc(), None), protocol=5))
+            except Exception as e:
+                # The result cannot be a sample (or its shared memory failed).
+                conn.send_bytes(pickle.dumps(("bad", f"{type(e).__name__}: {e}", None), protocol=5))
     finally:
         if resp is not None:
             resp.close()
@@ -263,6 +277,7 @@ class _Worker:
 
     def __init__(self, pool: _Pool, index: int) -> None:
         self.name = f"{pool.prefix}-{index}"
+        self.qualname = pool.stage.qualname
         parent, child = multiprocessing.Pipe(duplex=True)
         ctx = multiprocessing.get_context("forkserver")
         self.proc = ctx.Process(
@@ -308,15 +323,19 @@ class _Worker:
                 if code is not None and code < 0
                 else f"exit code {code}"
             )
-            raise WorkerDied(
-                f"the worker process (pid {self.pid}) died ({how}) while it ran the "
-                f"function on this sample"
+            raise _failure(
+                f"the worker process (pid {self.pid}) running Python function "
+                f"{self.qualname} died ({how}) on this sample",
+                WorkerDied,
             ) from e
         tag, resp_name, body = pickle.loads(msg)
         if tag == "err":
-            err = RuntimeError(body)
-            err._stoker_traceback = body  # type: ignore[attr-defined]
+            # The worker's traceback text travels in resp_name's place.
+            err = RuntimeError(resp_name)
+            err._stoker_traceback = resp_name  # type: ignore[attr-defined]
             raise err
+        if tag == "bad":
+            raise _failure(f"the result of Python function {self.qualname}: {resp_name}")
         if filter_:
             return body
         if resp_name is not None:

@@ -171,10 +171,7 @@ pub(crate) fn py_to_sample_named(obj: &Bound<'_, PyAny>) -> PyResult<Sample> {
     let mut s = Sample::with_capacity(d.len());
     for (k, v) in d.iter() {
         let name: String = k.extract().map_err(|_| {
-            PyTypeError::new_err(format!(
-                "field names must be str, not {}",
-                type_name(&k)
-            ))
+            PyTypeError::new_err(format!("field names must be str, not {}", type_name(&k)))
         })?;
         let value = py_to_value(&v).map_err(|e| {
             let py = v.py();

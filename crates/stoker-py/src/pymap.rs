@@ -107,7 +107,7 @@ impl fmt::Debug for PyOp {
 
 static FORMAT_EXCEPTION: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
-/// The traceback text of a Python exception: the worker's own (set by `stoker._pymap` as
+/// The traceback text of a Python exception: the worker's (set by `stoker._pymap` as
 /// `_stoker_traceback`) or `traceback.format_exception`'s.
 fn traceback_text(py: Python<'_>, e: &PyErr) -> String {
     let v = e.value(py);
@@ -118,7 +118,7 @@ fn traceback_text(py: Python<'_>, e: &PyErr) -> String {
     }
     let formatted = FORMAT_EXCEPTION
         .import(py, "traceback", "format_exception")
-        .and_then(|f| f.call1((v,)))
+        .and_then(|f| f.call1((e.get_type(py), v, e.traceback(py))))
         .and_then(|lines| lines.extract::<Vec<String>>());
     match formatted {
         Ok(lines) => lines.concat(),
@@ -148,6 +148,13 @@ impl PyOp {
     }
 
     fn raised(&self, py: Python<'_>, e: &PyErr) -> Error {
+        // A failure of the worker pool itself (a worker that died, a result that cannot be
+        // a sample) says so whole.
+        if let Ok(m) = e.value(py).getattr("_stoker_message") {
+            if let Ok(m) = m.extract::<String>() {
+                return Error::operator(m);
+            }
+        }
         Error::operator(format!(
             "Python function {} raised an exception:\n{}",
             self.qualname,
@@ -156,11 +163,7 @@ impl PyOp {
     }
 
     /// What the function's result means for `sample`.
-    fn outcome(
-        &self,
-        sample: Sample,
-        out: &Bound<'_, PyAny>,
-    ) -> Result<Option<Sample>, Error> {
+    fn outcome(&self, sample: Sample, out: &Bound<'_, PyAny>) -> Result<Option<Sample>, Error> {
         if self.filter {
             return match out.is_truthy() {
                 Ok(true) => Ok(Some(sample)),
