@@ -37,6 +37,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import traceback
 import weakref
@@ -216,7 +217,15 @@ def _worker_main(conn: Any, fn_pickle: bytes, filter_: bool, name: str) -> None:
     """A worker: answers requests on ``conn`` until it reads an empty message or EOF."""
     # Ctrl-C is for the main process, which stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    fn = pickle.loads(fn_pickle)
+    try:
+        fn = pickle.loads(fn_pickle)
+    except Exception:
+        # Every sample then fails with why (an import error, usually).
+        reason = "the worker process could not load the function:\n" + traceback.format_exc()
+
+        def fn(sample: Any) -> Any:
+            raise RuntimeError(reason)
+
     req: _Segment | None = None
     resp: _Segment | None = None
     generation = 0
@@ -398,6 +407,13 @@ class _Pool:
                     break
                 self.cond.wait()
         try:
+            if multiprocessing.current_process().daemon:
+                raise _failure(
+                    f"Python function {self.stage.qualname} cannot run in worker processes "
+                    "here: this process is itself a daemonic worker (a DataLoader worker?), "
+                    'which may not start processes. Use workers="threads" in such a '
+                    "pipeline, or run it in the main process (num_workers=0)"
+                )
             w = _Worker(self, index)
         except BaseException:
             with self.cond:
@@ -486,6 +502,13 @@ class ProcessStage:
                 "pickle, and this one does not (a lambda, a nested or local function, or a "
                 f"closure: {e}). Use a module-level function, or workers=\"threads\""
             ) from None
+        main = sys.modules.get("__main__")
+        if getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
+            raise TypeError(
+                f"map({_qualname(fn)}) runs the function in worker processes, which import "
+                "it by name, and a function defined in an interactive session cannot be "
+                "imported. Put it in a module, or use workers=\"threads\""
+            )
         if processes < 1:
             raise ValueError("processes must be at least 1")
         self.fn = fn

@@ -124,6 +124,15 @@ def with_pid(s):
     return {**s, "pid": os.getpid()}
 
 
+def with_addresses(s):
+    return {
+        **s,
+        "x_at": s["x"].__array_interface__["data"][0],
+        "b_at": np.frombuffer(s["b"], dtype=np.uint8).__array_interface__["data"][0],
+        "part": s["x"][1:],
+    }
+
+
 def plus_one(s):
     return {"big": s["big"] + 1, "same": s["big"]}
 
@@ -179,6 +188,16 @@ def test_an_unsupported_result_names_the_field_and_the_type(mode):
     assert "returns_object" in str(e.value)
     with pytest.raises(stoker.DataError, match="returned a list|not list"):
         list(p.map(returns_list, **workers(mode)))
+
+
+def test_threads_mode_passes_unchanged_fields_through_without_a_copy():
+    p = stoker.from_samples([{"x": np.arange(8, dtype=np.float32), "b": b"abcdef"}])
+    (out,) = list(p.map(with_addresses, workers="threads"))
+    assert out["x"].__array_interface__["data"][0] == out["x_at"]
+    assert np.frombuffer(out["b"], dtype=np.uint8).__array_interface__["data"][0] == out["b_at"]
+    # A part of an array is copied (a new tensor of its own).
+    np.testing.assert_array_equal(out["part"], np.arange(1, 8, dtype=np.float32))
+    assert out["part"].__array_interface__["data"][0] != out["x_at"] + 4
 
 
 # Equality with native pipelines, drops, filters -----------------------------------------------
