@@ -119,9 +119,14 @@ def _grown(need: int) -> int:
 # ("l", [spec, ...]) for a list. Payloads sit in the segment at 64-byte aligned offsets.
 
 
-def _plan(sample: dict[str, Any], check: bool) -> tuple[list[Any], list[Any], int]:
+def _plan(
+    sample: dict[str, Any], check: bool, inputs: dict[int, str] | None = None
+) -> tuple[list[Any], list[Any], int]:
     """The header of ``sample``, its payloads as flat uint8 arrays with their offsets, and
-    the bytes they need. ``check``: refuse what cannot become a sample field (results)."""
+    the bytes they need. ``check``: refuse what cannot become a sample field (results).
+    ``inputs``: the request's arrays and memoryviews by ``id``, with their field names: a
+    result that returns one of them unchanged refers to it (``("in", field)``), so the
+    engine takes its own value back and nothing is copied."""
     payloads: list[tuple[int, np.ndarray]] = []
     end = 0
 
@@ -135,6 +140,8 @@ def _plan(sample: dict[str, Any], check: bool) -> tuple[list[Any], list[Any], in
     def spec(v: Any, field: str) -> Any:
         if v is None or isinstance(v, (str, int, float)):
             return ("v", v)
+        if inputs is not None and id(v) in inputs:
+            return ("in", inputs[id(v)])
         if isinstance(v, (bytes, bytearray, memoryview)):
             flat = np.frombuffer(v, dtype=np.uint8) if not isinstance(v, memoryview) else _flat_view(v)
             return ("b", place(flat), flat.nbytes)
@@ -181,13 +188,19 @@ def _write(seg: _Segment, payloads: list[tuple[int, np.ndarray]]) -> None:
             np.frombuffer(seg.map, dtype=np.uint8, count=flat.nbytes, offset=offset)[:] = flat
 
 
-def _read(header: list[Any], seg: _Segment | None) -> dict[str, Any]:
-    """The sample a header describes, its payloads read-only views of ``seg``."""
+def _read(
+    header: list[Any], seg: _Segment | None, inputs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The sample a header describes, its payloads read-only views of ``seg``; fields of
+    ``inputs`` where the header refers to them."""
 
     def value(s: Any) -> Any:
         tag = s[0]
         if tag == "v":
             return s[1]
+        if tag == "in":
+            assert inputs is not None
+            return inputs[s[1]]
         if tag == "l":
             return [value(x) for x in s[1]]
         if tag == "b":
@@ -245,7 +258,6 @@ def _worker_main(conn: Any, fn_pickle: bytes, filter_: bool, name: str) -> None:
             try:
                 sample = _read(header, req)
                 out = fn(sample)
-                del sample
             except Exception:
                 conn.send_bytes(pickle.dumps(("err", traceback.format_exc(), None), protocol=5))
                 continue
@@ -256,7 +268,10 @@ def _worker_main(conn: Any, fn_pickle: bytes, filter_: bool, name: str) -> None:
                 if out is None:
                     conn.send_bytes(pickle.dumps(("ok", None, None), protocol=5))
                     continue
-                out_header, payloads, need = _plan(out, check=True)
+                passed = {
+                    id(v): k for k, v in sample.items() if isinstance(v, (np.ndarray, memoryview))
+                }
+                out_header, payloads, need = _plan(out, check=True, inputs=passed)
                 new_name = None
                 if resp is None or need > resp.size:
                     old = resp
@@ -267,7 +282,7 @@ def _worker_main(conn: Any, fn_pickle: bytes, filter_: bool, name: str) -> None:
                         old.close()
                         _unlink(old.name)
                 _write(resp, payloads)
-                del out, payloads
+                del out, payloads, sample, passed
                 conn.send_bytes(pickle.dumps(("ok", new_name, out_header), protocol=5))
             except Exception as e:
                 # The result cannot be a sample (or its shared memory failed).
@@ -353,7 +368,7 @@ class _Worker:
             self.resp = _Segment(resp_name, 0, create=False)
         if body is None:
             return None
-        return _read(body, self.resp)
+        return _read(body, self.resp, sample)
 
     def kill(self) -> None:
         if self.proc.is_alive():
