@@ -531,7 +531,9 @@ class ProcessStage:
         self.processes = processes
         self.filter = filter
         self.id = next(_stage_ids)
-        self._lock = threading.Lock()
+        # Reentrant: a garbage collection inside lease() may drop a Run, whose lease's
+        # release() then takes this lock on the same thread.
+        self._lock = threading.RLock()
         self._leases = 0
         self._pool: _Pool | None = None
 
