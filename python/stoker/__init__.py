@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from . import _native, _threads, io
+from . import _native, _pymap, _threads, io
 from ._native import Buffer, DataError, Run
 from ._options import is_store_key, store_pairs, to_json
 
@@ -58,9 +58,14 @@ class Pipeline:
     Build one with :func:`from_url`, :func:`from_spec` or :func:`from_samples`.
     """
 
-    __slots__ = ("_p", "_recipe")
+    __slots__ = ("_p", "_recipe", "_stages")
 
-    def __init__(self, native: _native.Pipeline, _recipe: tuple[Any, ...] = ()) -> None:
+    def __init__(
+        self,
+        native: _native.Pipeline,
+        _recipe: tuple[Any, ...] = (),
+        _stages: tuple[_pymap.ProcessStage, ...] = (),
+    ) -> None:
         if not isinstance(native, _native.Pipeline):
             raise TypeError(
                 "build a Pipeline with stoker.from_url, stoker.from_spec or stoker.from_samples"
@@ -69,9 +74,12 @@ class Pipeline:
         # How to build this pipeline again: the source call, then every method call, as
         # (name, args, kwargs). Pickling sends this recipe (see __reduce__).
         object.__setattr__(self, "_recipe", _recipe)
+        # The worker pools of Python map stages in processes mode: every run leases them
+        # (see _start).
+        object.__setattr__(self, "_stages", _stages)
 
     def _then(self, native: _native.Pipeline, name: str, *args: Any, **kwargs: Any) -> Pipeline:
-        return Pipeline(native, self._recipe + ((name, args, kwargs),))
+        return Pipeline(native, self._recipe + ((name, args, kwargs),), self._stages)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A native pipeline holds threads' worth of engine state and no serialisable form,
@@ -95,17 +103,58 @@ class Pipeline:
 
     # Per-sample operators -------------------------------------------------------------
 
-    def map(self, op: str, /, **params: Any) -> Pipeline:
-        """Adds the native per-sample operator ``op`` with its parameters, exactly as a spec
+    def map(self, op: str | Callable[[dict[str, Any]], dict[str, Any] | None], /, **params: Any) -> Pipeline:
+        """Adds a per-sample operator.
+
+        ``op`` a string: the native operator ``op`` with its parameters, exactly as a spec
         file's ``[[ops]]`` entry names it: ``.map("decode_utf8", field="txt")`` is
         ``{op = "decode_utf8", field = "txt"}``. Every operator the spec knows is available.
+
+        ``op`` a callable: a Python function on a sample, ``fn(sample: dict) -> dict | None``
+        (``None`` drops the sample), with the keywords ``workers="processes"`` (default: a
+        pool of ``processes`` worker processes, default the pipeline's thread count,
+        samples passed through shared memory; ``fn`` must pickle) or ``workers="threads"``
+        (called on the engine's threads: for functions that release the GIL, NumPy-heavy
+        ones). See docs/python.md.
         """
+        if callable(op):
+            return self._python_op(op, False, **params)
         return self._then(self._p.op(to_json({"op": op, **params}), "map"), "map", op, **params)
 
-    def filter(self, op: str, /, **params: Any) -> Pipeline:
-        """Adds a native operator that may drop samples (``filter_len``), checking that it
-        is one: ``.filter("filter_len", field="txt", min=1)``."""
+    def filter(self, op: str | Callable[[dict[str, Any]], Any], /, **params: Any) -> Pipeline:
+        """Adds an operator that may drop samples: a native one (``filter_len``), checking
+        that it is one: ``.filter("filter_len", field="txt", min=1)``; or a Python predicate
+        ``fn(sample) -> bool`` (a sample is kept when it is true), with the keywords of
+        :meth:`map`."""
+        if callable(op):
+            return self._python_op(op, True, **params)
         return self._then(self._p.op(to_json({"op": op, **params}), "filter"), "filter", op, **params)
+
+    def _python_op(
+        self,
+        fn: Callable[..., Any],
+        filter: bool,
+        *,
+        workers: str = "processes",
+        processes: int | None = None,
+    ) -> Pipeline:
+        method = "filter" if filter else "map"
+        qualname = _pymap._qualname(fn)
+        kind = "py_filter" if filter else "py_map"
+        kwargs: dict[str, Any] = {"workers": workers}
+        if workers == "threads":
+            if processes is not None:
+                raise ValueError('processes= is for workers="processes"')
+            native = self._p.py_op(fn, f"{kind}({qualname}, threads)", qualname, filter, "threads")
+            return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages)
+        if workers != "processes":
+            raise ValueError(f'workers must be "processes" or "threads", not {workers!r}')
+        n = int(processes) if processes is not None else int(self.run_options["threads"])
+        if processes is not None:
+            kwargs["processes"] = processes
+        stage = _pymap.ProcessStage(fn, n, filter)
+        native = self._p.py_op(stage, f"{kind}({qualname}, processes={n})", qualname, filter, "processes")
+        return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages + (stage,))
 
     def apply(self, op: Mapping[str, Any], /) -> Pipeline:
         """Adds any operator given as a spec entry (``{"op": "shuffle", "buffer": 100}``)."""
@@ -225,21 +274,31 @@ class Pipeline:
 
     def run(self) -> Run:
         """Starts a run: an iterator of dicts with ``stats()`` and ``state_dict()``."""
-        _threads.check_fork()
-        _threads.note_started()
-        return self._p.run()
+        return self._start(self._p.run)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self._start(self._p.run)
+
+    def _start(self, start: Callable[[], Run]) -> Run:
         _threads.check_fork()
         _threads.note_started()
-        return self._p.run()
+        # Each Python stage in processes mode keeps its workers while a run holds it.
+        leases = [stage.lease() for stage in self._stages]
+        try:
+            run = start()
+        except BaseException:
+            for lease in leases:
+                lease.release()
+            raise
+        for lease in leases:
+            run._hold(lease)
+        return run
 
     def resume(self, state: Mapping[str, Any]) -> Run:
         """Starts a run from ``state`` (a run's ``state_dict()``, or that dict after a JSON
         round trip): it yields exactly the items that run had not yet yielded."""
-        _threads.check_fork()
-        _threads.note_started()
-        return self._p.resume(to_json(state))
+        text = to_json(state)
+        return self._start(lambda: self._p.resume(text))
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> Pipeline:
         """A pipeline whose runs (``run()``, iteration) start at ``state``; ``None`` goes

@@ -77,6 +77,11 @@ impl Buffer {
         }
     }
 
+    /// The engine's bytes (a new reference to them, no copy).
+    pub(crate) fn bytes(&self) -> Bytes {
+        (*self.data).clone()
+    }
+
     fn dtype_and_shape(&self) -> (DType, Vec<usize>) {
         match &self.tensor {
             Some((d, s)) => (*d, s.clone()),

@@ -11,8 +11,11 @@
 //! | `List` | `list` |
 //! | `Null` | `None` |
 //!
-//! In (`from_samples`), the reverse, copying: `bytes`-like objects become `Bytes`, NumPy
-//! arrays tensors, `bool` an integer.
+//! In (`from_samples`, the results of Python map functions), the reverse, copying:
+//! `bytes`-like objects become `Bytes`, NumPy arrays tensors, `bool` an integer. A
+//! memoryview or array that is a whole, contiguous view of one of the engine's own buffers
+//! (a field a Python function returned unchanged) is not copied: the value takes the same
+//! bytes again.
 
 use std::sync::Arc;
 
@@ -21,12 +24,12 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{
-    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple,
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PyString, PyTuple,
 };
 use stoker_core::{DType, Sample, Tensor, Value};
 use stoker_pipeline::Item;
 
-use crate::buffer::{memoryview, ndarray};
+use crate::buffer::{memoryview, ndarray, Buffer};
 
 /// One value as a Python object.
 pub(crate) fn value_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
@@ -45,6 +48,15 @@ pub(crate) fn value_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py
         }
         Value::Null => py.None().into_bound(py),
     })
+}
+
+/// A sample as a `dict` of its fields (what a Python map function receives).
+pub(crate) fn sample_to_py<'py>(py: Python<'py>, s: &Sample) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in s.iter() {
+        d.set_item(&**k, value_to_py(py, v)?)?;
+    }
+    Ok(d)
 }
 
 /// A sample or a batch as a `dict` of its fields.
@@ -91,11 +103,58 @@ fn dtype_of(typestr: &str) -> PyResult<DType> {
     })
 }
 
-/// A Python object as a `Value` (copying).
+/// The [`Buffer`] `obj` is a whole, contiguous view of (a memoryview or a NumPy array the
+/// engine handed out, passed through a Python function unchanged), with its bytes.
+fn whole_view_of_buffer(obj: &Bound<'_, PyAny>, owner: &str) -> PyResult<Option<Bytes>> {
+    let Ok(base) = obj.getattr(owner) else {
+        return Ok(None);
+    };
+    let Ok(buffer) = base.cast::<Buffer>() else {
+        return Ok(None);
+    };
+    let bytes = buffer.get().bytes();
+    let nbytes: usize = obj.getattr("nbytes")?.extract()?;
+    let contiguous: bool = if owner == "obj" {
+        obj.getattr("c_contiguous")?.extract()?
+    } else {
+        obj.getattr("flags")?.getattr("c_contiguous")?.extract()?
+    };
+    if nbytes != bytes.len() || !contiguous {
+        return Ok(None);
+    }
+    if owner == "base" {
+        // An array: it must also start where the buffer does.
+        let address: usize = obj
+            .getattr("__array_interface__")?
+            .get_item("data")?
+            .get_item(0)?
+            .extract()?;
+        if address != bytes.as_ptr() as usize {
+            return Ok(None);
+        }
+    }
+    Ok(Some(bytes))
+}
+
+/// A Python object as a `Value`: the engine's own bytes again when `obj` is a whole view of
+/// them (a field a Python function passed through), else a copy.
 pub(crate) fn py_to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     let py = obj.py();
     if obj.is_none() {
         return Ok(Value::Null);
+    }
+    if obj.is_instance_of::<PyMemoryView>() {
+        if let Some(bytes) = whole_view_of_buffer(obj, "obj")? {
+            return Ok(Value::Bytes(bytes));
+        }
+    } else if obj.hasattr("__array_interface__")? {
+        if let Some(bytes) = whole_view_of_buffer(obj, "base")? {
+            let typestr: String = obj.getattr("dtype")?.getattr("str")?.extract()?;
+            let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
+            return Tensor::new(dtype_of(&typestr)?, shape, bytes)
+                .map(Value::Tensor)
+                .map_err(|e| PyValueError::new_err(e.message));
+        }
     }
     if let Ok(b) = obj.cast::<PyBool>() {
         return Ok(Value::Int(b.is_true() as i64));
@@ -133,8 +192,12 @@ pub(crate) fn py_to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
         let typestr: String = obj.getattr("dtype")?.getattr("str")?.extract()?;
         let dtype = dtype_of(&typestr)?;
         let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
-        let raw = obj.call_method0("tobytes")?;
-        let data = Bytes::copy_from_slice(raw.cast::<PyBytes>()?.as_bytes());
+        // One copy: the array's bytes as a flat `uint8` view (contiguous arrays are not
+        // copied by the reshape), read through the buffer protocol.
+        let flat = obj
+            .call_method1("reshape", (-1,))?
+            .call_method1("view", ("u1",))?;
+        let data = Bytes::from(PyBuffer::<u8>::get(&flat)?.to_vec(py)?);
         return Tensor::new(dtype, shape, data)
             .map(Value::Tensor)
             .map_err(|e| PyValueError::new_err(e.message));
@@ -147,6 +210,34 @@ pub(crate) fn py_to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
          tuple or a NumPy array)",
         obj.get_type().name()?
     )))
+}
+
+/// A `dict` as a sample, an error naming the field whose value cannot be one (what a Python
+/// map function returns).
+pub(crate) fn py_to_sample_named(obj: &Bound<'_, PyAny>) -> PyResult<Sample> {
+    let d = obj
+        .cast::<PyDict>()
+        .map_err(|_| PyTypeError::new_err("a sample is a dict of fields"))?;
+    let mut s = Sample::with_capacity(d.len());
+    for (k, v) in d.iter() {
+        let name: String = k.extract().map_err(|_| {
+            PyTypeError::new_err(format!("field names must be str, not {}", type_name(&k)))
+        })?;
+        let value = py_to_value(&v).map_err(|e| {
+            let py = v.py();
+            let class = e.get_type(py);
+            PyErr::from_type(class, format!("field {name:?}: {}", e.value(py)))
+        })?;
+        s.insert(name, value);
+    }
+    Ok(s)
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// A `dict` as a sample.

@@ -21,6 +21,9 @@
 //!   reach torch and JAX without a copy.
 //! - [`io::ObjectFile`] (`_native.ObjectFile`): a seekable reader over one object with the
 //!   store's ranged reads, read-ahead and cache; `stoker.io.open` wraps it in `io` classes.
+//! - Python functions as operators ([`pymap`]): `Pipeline.py_op` adds a function (run on
+//!   the engine's threads) or a process pool's stage (`stoker._pymap`) as a per-sample
+//!   operator.
 //! - Errors mapped once, in [`error`], to Python exception classes by kind.
 //!
 //! Why the engine is not exposed object by object: the engine already has one thread-safe,
@@ -33,6 +36,7 @@ mod dlpack;
 mod error;
 mod io;
 mod pipeline;
+mod pymap;
 mod run;
 mod wait;
 
@@ -46,6 +50,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pipeline::PyPipeline>()?;
     m.add_class::<run::PyRun>()?;
     m.add_class::<io::ObjectFile>()?;
+    m.add_function(wrap_pyfunction!(pymap::close_python_calls, m)?)?;
     m.add("DataError", py.get_type::<error::DataError>())?;
     let keys: Vec<&str> = stoker_store::OPTION_KEYS.iter().map(|(k, _)| *k).collect();
     m.add("STORE_OPTION_KEYS", keys)?;

@@ -18,6 +18,7 @@ use stoker_store::StoreOptions;
 
 use crate::convert::py_to_sample;
 use crate::error::{pipeline_error, store_error};
+use crate::pymap::{Mode, PyOp};
 use crate::run::PyRun;
 use crate::wait;
 
@@ -190,6 +191,31 @@ impl PyPipeline {
         }
         let p = apply_op(self.p.clone(), &op).map_err(|e| pipeline_error(py, e))?;
         Ok(self.with(|_| p))
+    }
+
+    /// Adds a Python function as a per-sample operator (`stoker.Pipeline.map(fn)`):
+    /// `target` is the function itself (`mode="threads"`) or a `stoker._pymap.ProcessStage`
+    /// (`mode="processes"`); `name` is what plans and errors show, `qualname` the
+    /// function's. A filter keeps the samples for which the function is true.
+    fn py_op(
+        &self,
+        target: Py<PyAny>,
+        name: String,
+        qualname: String,
+        filter: bool,
+        mode: &str,
+    ) -> PyResult<Self> {
+        let mode = match mode {
+            "threads" => Mode::Threads,
+            "processes" => Mode::Processes,
+            other => {
+                return Err(invalid(format!(
+                    "workers must be \"processes\" or \"threads\", not {other:?}"
+                )))
+            }
+        };
+        let op = PyOp::new(name, qualname, filter, mode, target);
+        Ok(self.with(|p| p.map(op)))
     }
 
     /// Only keys matching `glob` (URL sources).

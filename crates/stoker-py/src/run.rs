@@ -28,6 +28,10 @@ use crate::wait::SLICE;
 pub struct PyRun {
     run: Mutex<Option<Run>>,
     pid: u32,
+    /// What this run holds on Python's side (leases on the worker pools of Python map
+    /// stages): each one's `release()` is called once, when the run ends, is closed or is
+    /// dropped.
+    holds: Mutex<Vec<Py<PyAny>>>,
 }
 
 static JSON_LOADS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -49,6 +53,18 @@ impl PyRun {
         PyRun {
             run: Mutex::new(Some(run)),
             pid: std::process::id(),
+            holds: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Releases what the run holds on Python's side (see `holds`). A failing `release` is
+    /// reported as unraisable: it must not hide the run's own result.
+    fn release_holds(&self, py: Python<'_>) {
+        let holds = std::mem::take(&mut *self.holds.lock());
+        for h in holds {
+            if let Err(e) = h.bind(py).call_method0("release") {
+                e.write_unraisable(py, Some(h.bind(py)));
+            }
         }
     }
 
@@ -76,6 +92,10 @@ impl PyRun {
 
 impl Drop for PyRun {
     fn drop(&mut self) {
+        if std::process::id() == self.pid && !self.holds.get_mut().is_empty() {
+            // Python drops its objects with the GIL held; `attach` only makes that explicit.
+            Python::attach(|py| self.release_holds(py));
+        }
         if let Some(run) = self.run.get_mut().take() {
             if std::process::id() == self.pid {
                 drop_in_background(run);
@@ -101,9 +121,16 @@ impl PyRun {
                 Some(run) => run.next_timeout(SLICE),
             });
             match got {
-                Some(None) => return Ok(None),
+                Some(None) => {
+                    self.release_holds(py);
+                    return Ok(None);
+                }
                 Some(Some(Ok(item))) => return item_to_py(py, &item).map(Some),
-                Some(Some(Err(e))) => return Err(pipeline_error(py, e)),
+                Some(Some(Err(e))) => {
+                    // The run ends with its error.
+                    self.release_holds(py);
+                    return Err(pipeline_error(py, e));
+                }
                 None => py.check_signals()?,
             }
         }
@@ -145,7 +172,13 @@ impl PyRun {
         if let Some(run) = py.detach(|| self.run.lock().take()) {
             drop_in_background(run);
         }
+        self.release_holds(py);
         Ok(())
+    }
+
+    /// Keeps `obj` until the run ends (see `holds`): its `release()` is called then.
+    fn _hold(&self, obj: Py<PyAny>) {
+        self.holds.lock().push(obj);
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {

@@ -1,0 +1,239 @@
+//! Python functions as pipeline operators: `Pipeline.map(fn)` and `Pipeline.filter(fn)`.
+//!
+//! A [`PyOp`] is an ordinary [`SampleOp`], so the engine runs it where it runs native
+//! operators: on its worker threads (or its tail thread, after a sequential stage), in
+//! sample order, with the sample's origin added to any error it returns. What it calls
+//! depends on the mode chosen in Python:
+//!
+//! - **threads**: the function itself. The engine thread takes the GIL for the call and the
+//!   conversions around it, and for nothing else; every other engine thread and the
+//!   iterating thread wait for the engine with the GIL released, so a function that
+//!   releases the GIL itself (NumPy on large arrays) runs on several threads at once.
+//! - **processes**: a `stoker._pymap.ProcessStage`, whose `call(sample)` hands the sample to
+//!   a worker process through shared memory and waits for the answer (the wait releases the
+//!   GIL), returning `(result, token)`; `release(token)` gives the worker back once the
+//!   result (whose arrays are views of the worker's shared memory) has been copied into the
+//!   engine.
+//!
+//! In both, the sample reaches Python as the iterator yields it (memoryviews, NumPy arrays,
+//! no copy) and the result comes back as a [`Sample`] (one copy of each array or bytes).
+//! An exception becomes an operator error holding the Python traceback.
+//!
+//! **Interpreter exit.** A thread that asks for the GIL while the interpreter finalizes is
+//! ended by CPython mid-call (`pthread_exit`), which a Rust thread must never suffer. So
+//! every call passes a [`GATE`]: an exit hook (`stoker._pymap`, through `atexit`) closes it
+//! and waits, with the GIL released, until calls already inside have left; calls arriving
+//! after that fail with an error instead of asking for the GIL.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyDict;
+use stoker_core::{Error, OpMeta, Sample};
+use stoker_pipeline::{OpContext, SampleOp};
+
+use crate::convert::{py_to_sample_named, sample_to_py};
+
+/// Whether Python calls are still allowed, and how many are under way.
+struct Gate {
+    closed: AtomicBool,
+    inside: AtomicUsize,
+}
+
+static GATE: Gate = Gate {
+    closed: AtomicBool::new(false),
+    inside: AtomicUsize::new(0),
+};
+
+/// Leaves the gate when dropped.
+struct Pass;
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        GATE.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Gate {
+    fn enter(&self) -> Option<Pass> {
+        self.inside.fetch_add(1, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            self.inside.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(Pass)
+    }
+}
+
+/// Closes the gate and waits (GIL released) for calls inside it, at most `timeout_s`.
+/// Called at interpreter exit.
+#[pyfunction]
+pub(crate) fn close_python_calls(py: Python<'_>, timeout_s: f64) {
+    GATE.closed.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs_f64(timeout_s.max(0.0));
+    py.detach(|| {
+        while GATE.inside.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    });
+}
+
+/// How a [`PyOp`] reaches its function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Called on the engine's thread.
+    Threads,
+    /// Through a `ProcessStage` (`call` / `release`).
+    Processes,
+}
+
+/// A Python function as a per-sample operator (see the module docs).
+pub(crate) struct PyOp {
+    meta: OpMeta,
+    qualname: String,
+    filter: bool,
+    mode: Mode,
+    target: Py<PyAny>,
+}
+
+impl fmt::Debug for PyOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PyOp({})", self.meta.name)
+    }
+}
+
+static FORMAT_EXCEPTION: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// The traceback text of a Python exception: the worker's (set by `stoker._pymap` as
+/// `_stoker_traceback`) or `traceback.format_exception`'s.
+fn traceback_text(py: Python<'_>, e: &PyErr) -> String {
+    let v = e.value(py);
+    if let Ok(t) = v.getattr("_stoker_traceback") {
+        if let Ok(s) = t.extract::<String>() {
+            return s;
+        }
+    }
+    let formatted = FORMAT_EXCEPTION
+        .import(py, "traceback", "format_exception")
+        .and_then(|f| f.call1((e.get_type(py), v, e.traceback(py))))
+        .and_then(|lines| lines.extract::<Vec<String>>());
+    match formatted {
+        Ok(lines) => lines.concat(),
+        Err(_) => e.to_string(),
+    }
+}
+
+impl PyOp {
+    /// `name` is what plans, stats and errors show; `target` the function (threads) or the
+    /// `ProcessStage` (processes).
+    pub(crate) fn new(
+        name: String,
+        qualname: String,
+        filter: bool,
+        mode: Mode,
+        target: Py<PyAny>,
+    ) -> PyOp {
+        // A map may return None to drop the sample, so both kinds declare themselves
+        // filters: the optimizer then never moves them across a shuffle buffer.
+        PyOp {
+            meta: OpMeta::new(name).filter(),
+            qualname,
+            filter,
+            mode,
+            target,
+        }
+    }
+
+    fn raised(&self, py: Python<'_>, e: &PyErr) -> Error {
+        // A failure of the worker pool itself (a worker that died, a result that cannot be
+        // a sample) says so whole.
+        if let Ok(m) = e.value(py).getattr("_stoker_message") {
+            if let Ok(m) = m.extract::<String>() {
+                return Error::operator(m);
+            }
+        }
+        Error::operator(format!(
+            "Python function {} raised an exception:\n{}",
+            self.qualname,
+            traceback_text(py, e).trim_end()
+        ))
+    }
+
+    /// What the function's result means for `sample`.
+    fn outcome(&self, sample: Sample, out: &Bound<'_, PyAny>) -> Result<Option<Sample>, Error> {
+        if self.filter {
+            return match out.is_truthy() {
+                Ok(true) => Ok(Some(sample)),
+                Ok(false) => Ok(None),
+                Err(e) => Err(self.raised(out.py(), &e)),
+            };
+        }
+        if out.is_none() {
+            return Ok(None);
+        }
+        if out.cast::<PyDict>().is_err() {
+            return Err(Error::operator(format!(
+                "Python function {} returned a {}: a map function returns the sample (a dict) \
+                 or None to drop it",
+                self.qualname,
+                out.get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|_| "?".into())
+            )));
+        }
+        py_to_sample_named(out).map(Some).map_err(|e| {
+            Error::operator(format!(
+                "the result of Python function {}: {}",
+                self.qualname,
+                e.value(out.py())
+            ))
+        })
+    }
+
+    fn call(&self, py: Python<'_>, sample: Sample) -> Result<Option<Sample>, Error> {
+        let arg = sample_to_py(py, &sample).map_err(|e| self.raised(py, &e))?;
+        let target = self.target.bind(py);
+        match self.mode {
+            Mode::Threads => {
+                let out = target.call1((arg,)).map_err(|e| self.raised(py, &e))?;
+                self.outcome(sample, &out)
+            }
+            Mode::Processes => {
+                let got = target
+                    .call_method1("call", (arg,))
+                    .map_err(|e| self.raised(py, &e))?;
+                let (out, token): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
+                    got.extract().map_err(|e| self.raised(py, &e))?;
+                let result = self.outcome(sample, &out);
+                // The result's arrays are views of the worker's shared memory: gone before
+                // the worker is given back.
+                drop(out);
+                drop(got);
+                target
+                    .call_method1("release", (token,))
+                    .map_err(|e| self.raised(py, &e))?;
+                result
+            }
+        }
+    }
+}
+
+impl SampleOp for PyOp {
+    fn meta(&self) -> OpMeta {
+        self.meta.clone()
+    }
+
+    fn apply(&self, sample: Sample, _ctx: &mut OpContext) -> Result<Option<Sample>, Error> {
+        let Some(_pass) = GATE.enter() else {
+            return Err(Error::operator(format!(
+                "Python function {} not called: the interpreter is exiting",
+                self.qualname
+            )));
+        };
+        Python::attach(|py| self.call(py, sample))
+    }
+}

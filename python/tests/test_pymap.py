@@ -1,0 +1,475 @@
+"""Python functions as operators: ``Pipeline.map(fn)`` / ``.filter(fn)`` on the engine's
+threads and in worker processes (shared memory), against the S3 test server: value
+round-trips, equality with native pipelines, drops, errors with traceback and origin, a
+worker that dies, no leaked processes or shared memory, resume and pickling."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import stoker
+from datasets import tar_shard
+
+MODES = ["threads", "processes"]
+
+
+def workers(mode: str) -> dict[str, object]:
+    return {"workers": "processes", "processes": 2} if mode == "processes" else {"workers": "threads"}
+
+
+def norm(v: object) -> object:
+    """A value in a comparable form (memoryviews as bytes, arrays as dtype, shape, bytes)."""
+    if isinstance(v, dict):
+        return {k: norm(x) for k, x in v.items()}
+    if isinstance(v, (memoryview, bytes, bytearray)):
+        return ("bytes", bytes(v))
+    if isinstance(v, np.ndarray):
+        return ("array", v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, list):
+        return [norm(x) for x in v]
+    return v
+
+
+def write_shards(s3, prefix: str, shards: int = 3, per: int = 10) -> str:
+    for k in range(shards):
+        data = tar_shard(
+            {
+                "__key__": f"{k}-{i:03d}",
+                "txt": f"text {k} {i} {'x' * i}".encode(),
+                "bin": (np.arange(16, dtype=np.float32) + 100 * k + i).tobytes(),
+            }
+            for i in range(per)
+        )
+        s3.put(f"{prefix}shard-{k}.tar", data)
+    return f"s3://data/{prefix}"
+
+
+def tar_pipeline(s3, prefix: str, **kw) -> stoker.Pipeline:
+    return (
+        stoker.from_url(write_shards(s3, prefix, **kw), format="tar", **s3.options)
+        .map("to_tensor", field="bin", dtype="float32")
+    )
+
+
+# Module-level functions (worker processes import them by reference) --------------------
+
+
+def identity(s):
+    return s
+
+
+def text_and_length(s):
+    """What the native ``len`` + ``decode_utf8`` do, and an array op."""
+    out = dict(s)
+    out["n"] = len(s["txt"])
+    out["txt"] = bytes(s["txt"]).decode("utf-8")
+    out["bin"] = s["bin"] * 2
+    return out
+
+
+def odd_dropped(s):
+    return None if int(s["bin"][0]) % 2 else s
+
+
+def even(s):
+    return int(s["bin"][0]) % 2 == 0
+
+
+def every_output_type(s):
+    return {
+        "bytearray": bytearray(b"ba"),
+        "memoryview": memoryview(b"mv"),
+        "bytes": b"by",
+        "bool": True,
+        "tuple": (1, "two", b"3"),
+        "scalar": np.float32(1.5),
+        "f16": np.ones((2, 2), dtype=np.float16),
+        "fortran": np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3)),
+        "none": None,
+    }
+
+
+def returns_object(s):
+    return {"x": object()}
+
+
+def returns_list(s):
+    return [1, 2]
+
+
+def boom(s):
+    if s["__key__"] == "0-003":
+        raise ValueError("boom on purpose")
+    return s
+
+
+def dies(s):
+    if s["__key__"] == "0-005":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return s
+
+
+def with_pid(s):
+    return {**s, "pid": os.getpid()}
+
+
+def with_addresses(s):
+    return {
+        **s,
+        "x_at": s["x"].__array_interface__["data"][0],
+        "b_at": np.frombuffer(s["b"], dtype=np.uint8).__array_interface__["data"][0],
+        "part": s["x"][1:],
+    }
+
+
+def plus_one(s):
+    return {"big": s["big"] + 1, "same": s["big"]}
+
+
+# Values -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_value_type_round_trips_unchanged(mode):
+    sample = {
+        "bytes": b"\x00\x01\xff",
+        "empty": b"",
+        "str": "héllo",
+        "int": -(2**62),
+        "float": 2.5,
+        "none": None,
+        "list": [1, "a", b"x", [2.0, None]],
+        "u8": np.arange(5, dtype=np.uint8),
+        "i16": np.arange(6, dtype=np.int16).reshape(2, 3),
+        "i32": np.arange(4, dtype=np.int32),
+        "i64": np.arange(4, dtype=np.int64) - 2,
+        "f16": np.ones(3, dtype=np.float16),
+        "f32": np.linspace(0, 1, 7, dtype=np.float32),
+        "f64": np.array(np.pi),
+        "zero": np.zeros((0, 3), dtype=np.float32),
+    }
+    p = stoker.from_samples([sample, {**sample, "int": 7}])
+    plain = [norm(s) for s in p]
+    mapped = [norm(s) for s in p.map(identity, **workers(mode))]
+    assert mapped == plain
+    # The function sees what the iterator yields.
+    assert isinstance(next(iter(p))["bytes"], memoryview)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_returned_values_become_sample_fields(mode):
+    (out,) = list(stoker.from_samples([{"x": 1}]).map(every_output_type, **workers(mode)))
+    assert bytes(out["bytearray"]) == b"ba" and bytes(out["memoryview"]) == b"mv"
+    assert bytes(out["bytes"]) == b"by"
+    assert out["bool"] == 1
+    assert out["tuple"][:2] == [1, "two"] and bytes(out["tuple"][2]) == b"3"
+    assert out["scalar"].shape == () and float(out["scalar"]) == 1.5
+    assert out["f16"].dtype == np.float16 and out["f16"].shape == (2, 2)
+    np.testing.assert_array_equal(out["fortran"], np.arange(6, dtype=np.int32).reshape(2, 3))
+    assert out["none"] is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_unsupported_result_names_the_field_and_the_type(mode):
+    p = stoker.from_samples([{"x": 1}])
+    with pytest.raises(stoker.DataError, match=r"field ['\"]x['\"].*object") as e:
+        list(p.map(returns_object, **workers(mode)))
+    assert "returns_object" in str(e.value)
+    with pytest.raises(stoker.DataError, match="returned a list|not list"):
+        list(p.map(returns_list, **workers(mode)))
+
+
+def address(v) -> int:
+    return np.frombuffer(v, dtype=np.uint8).__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fields_passed_through_unchanged_are_not_copied(mode):
+    # from_samples keeps its tensors and bytes, so every run hands out the same memory.
+    p = stoker.from_samples([{"x": np.arange(8, dtype=np.float32), "b": b"abcdef"}])
+    (plain,) = list(p)
+    (out,) = list(p.map(with_addresses, **workers(mode)))
+    assert address(out["x"]) == address(plain["x"])
+    assert address(out["b"]) == address(plain["b"])
+    if mode == "threads":
+        assert out["x_at"] == address(plain["x"]) and out["b_at"] == address(plain["b"])
+    # A part of an array is a new tensor of its own.
+    np.testing.assert_array_equal(out["part"], np.arange(1, 8, dtype=np.float32))
+    assert address(out["part"]) != address(plain["x"]) + 4
+
+
+# Equality with native pipelines, drops, filters -----------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_output_equals_the_native_equivalent_in_order(s3, prefix, mode):
+    base = tar_pipeline(s3, prefix).shuffle_shards().interleave(2).seed(5)
+    native = [
+        {**norm(s), "bin": norm(np.asarray(s["bin"]) * 2)}
+        for s in base.map("len", field="txt", to="n").map("decode_utf8", field="txt")
+    ]
+    python = [norm(s) for s in base.map(text_and_length, **workers(mode))]
+    assert len(python) == 30
+    assert python == native
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_none_drops_a_sample_and_filter_keeps_the_true_ones(s3, prefix, mode):
+    p = tar_pipeline(s3, prefix)
+    kept = [int(s["bin"][0]) for s in p.map(odd_dropped, **workers(mode))]
+    assert kept == [int(s["bin"][0]) for s in p if int(s["bin"][0]) % 2 == 0]
+    assert kept and all(v % 2 == 0 for v in kept)
+    assert [int(s["bin"][0]) for s in p.filter(even, **workers(mode))] == kept
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_explain_names_the_python_stage(mode):
+    p = stoker.from_samples([{"x": 1}]).map(identity, **workers(mode))
+    expected = "py_map(identity, processes=2)" if mode == "processes" else "py_map(identity, threads)"
+    assert expected in p.explain()
+    assert "py_filter(even" in p.filter(even, **workers(mode)).explain()
+
+
+def test_processes_default_to_the_pipeline_threads():
+    p = stoker.from_samples([{"x": 1}]).options(threads=3).map(identity)
+    assert "py_map(identity, processes=3)" in p.explain()
+
+
+# Errors ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_exception_is_a_data_error_with_traceback_and_origin(s3, prefix, mode):
+    url = write_shards(s3, prefix, shards=1)
+    p = stoker.from_url(url, format="tar", **s3.options).map(boom, **workers(mode))
+    with pytest.raises(stoker.DataError) as e:
+        list(p)
+    msg = str(e.value)
+    assert "Traceback (most recent call last)" in msg
+    assert 'raise ValueError("boom on purpose")' in msg and "ValueError: boom on purpose" in msg
+    assert "boom" in e.value.stage
+    assert e.value.object == f"{url}shard-0.tar" and e.value.object in msg
+    assert e.value.record == 3 and "record 3" in msg
+    # errors="skip" skips just that sample.
+    run = p.options(errors="skip").run()
+    assert len(list(run)) == 9
+    assert run.stats()["skipped"] == 1
+
+
+def test_a_worker_that_dies_is_an_error_naming_the_sample_not_a_hang(s3, prefix):
+    url = write_shards(s3, prefix, shards=1)
+    p = stoker.from_url(url, format="tar", **s3.options).map(dies, processes=2)
+    result: dict[str, object] = {}
+
+    def consume() -> None:
+        try:
+            result["items"] = list(p)
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            result["error"] = e
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive(), "the run hangs after a worker died"
+    err = result.get("error")
+    assert isinstance(err, stoker.DataError), result
+    assert "died" in str(err) and "SIGKILL" in str(err)
+    assert err.object == f"{url}shard-0.tar" and err.record == 5
+    # The next run gets new workers.
+    assert len(list(stoker.from_url(url, format="tar", **s3.options).map(identity, processes=2))) == 10
+
+
+def own_shm() -> list[str]:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"stoker-{os.getpid()}-"))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_no_process_or_shared_memory_outlives_a_run(s3, prefix):
+    p = tar_pipeline(s3, prefix).map(with_pid, processes=2)
+    pids = {s["pid"] for s in p}
+    assert pids and os.getpid() not in pids
+    assert [pid for pid in pids if alive(pid)] == []
+    assert own_shm() == []
+    assert multiprocessing.active_children() == []
+
+    # An iterator dropped early.
+    it = iter(p.options(threads=2))
+    first = next(it)
+    assert alive(first["pid"])
+    assert own_shm() != []
+    del it, first
+    gc.collect()
+    assert own_shm() == []
+    assert multiprocessing.active_children() == []
+
+    # A run closed early, and a run that ended with an error.
+    run = p.run()
+    next(run)
+    run.close()
+    assert own_shm() == [] and multiprocessing.active_children() == []
+    with pytest.raises(stoker.DataError):
+        list(stoker.from_url(write_shards(s3, prefix + "b/", shards=1), format="tar", **s3.options).map(boom, processes=2))
+    assert own_shm() == [] and multiprocessing.active_children() == []
+
+
+def test_a_large_tensor_survives_the_round_trip_through_processes(s3, prefix):
+    big = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)  # 4 MiB
+    s3.put(f"{prefix}big.tar", tar_shard([{"__key__": "a", "big": big.tobytes()}, {"__key__": "b", "big": (big * 3).tobytes()}]))
+    p = (
+        stoker.from_url(f"s3://data/{prefix}big.tar", format="tar", **s3.options)
+        .map("to_tensor", field="big", dtype="float32")
+        .map(plus_one, processes=2)
+    )
+    out = list(p)
+    assert len(out) == 2
+    np.testing.assert_array_equal(out[0]["same"], big)
+    np.testing.assert_array_equal(out[0]["big"], big + 1)
+    np.testing.assert_array_equal(out[1]["same"], big * 3)
+    np.testing.assert_array_equal(out[1]["big"], big * 3 + 1)
+
+
+# Resume and pickling ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_resume_is_exact_with_a_python_map(s3, prefix, mode):
+    p = (
+        tar_pipeline(s3, prefix)
+        .shuffle_shards()
+        .interleave(2)
+        .map(text_and_length, **workers(mode))
+        .shuffle(8)
+        .batch(4)
+        .epochs(2)
+        .seed(11)
+    )
+    full = [norm(b) for b in p]
+    for stop in (1, 7, 13):
+        run = p.run()
+        head = [norm(next(run)) for _ in range(stop)]
+        state = run.state_dict()
+        del run
+        rest = [norm(b) for b in p.resume(state)]
+        assert head + rest == full
+    assert [norm(b) for b in p.load_state_dict(state)] == full[13:]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_pipeline_with_a_python_map_pickles(s3, prefix, mode):
+    p = tar_pipeline(s3, prefix).map(text_and_length, **workers(mode)).filter(even, **workers(mode))
+    q = pickle.loads(pickle.dumps(p))
+    assert q.explain() == p.explain()
+    assert [norm(s) for s in q] == [norm(s) for s in p]
+
+
+def test_a_function_that_does_not_pickle_is_refused_at_map_time():
+    p = stoker.from_samples([{"x": 1}])
+
+    def local(s):
+        return s
+
+    for fn in (lambda s: s, local):
+        with pytest.raises(TypeError, match='module-level function, or workers="threads"'):
+            p.map(fn)
+    # Threads take any callable.
+    assert [s["x"] for s in p.map(lambda s: {"x": s["x"] + 1}, workers="threads")] == [2]
+    with pytest.raises(ValueError, match="workers"):
+        p.map(identity, workers="fibers")
+
+
+# Threads: the GIL --------------------------------------------------------------------------------
+
+
+def test_threads_mode_with_several_engine_threads_and_python_threads(s3, prefix):
+    p = tar_pipeline(s3, prefix, shards=4, per=25).map(text_and_length, workers="threads").options(threads=4)
+    expected = sorted(s["n"] for s in p)
+    run = p.run()
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def consume() -> None:
+        for s in run:
+            with lock:
+                got.append(s["n"])
+
+    threads = [threading.Thread(target=consume, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(got) == expected
+    # Dropping runs mid-way while engine threads call Python does not deadlock.
+    for _ in range(5):
+        it = iter(p)
+        next(it)
+        del it
+    assert len(list(p.take(3))) == 3
+
+
+SLOW_CHILD = textwrap.dedent(
+    """
+    import sys, time, stoker
+
+    def slow(s):
+        time.sleep(0.2)
+        return s
+
+    if __name__ == "__main__":
+        mode = sys.argv[1]
+        kw = {"workers": "threads"} if mode == "threads" else {"processes": 2}
+        p = stoker.from_samples([{"x": i} for i in range(1000)]).map(slow, **kw).options(threads=2)
+        run = p.run()
+        next(run)
+        try:
+            print("READY", flush=True)
+            for _ in run:
+                pass
+            print("NOT INTERRUPTED", flush=True)
+        except KeyboardInterrupt:
+            print("INTERRUPTED", flush=True)
+        run.state_dict()
+        print("STATE", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ctrl_c_interrupts_a_run_with_a_python_map_and_the_process_exits(tmp_path, mode):
+    script = tmp_path / "child.py"
+    script.write_text(SLOW_CHILD)
+    child = subprocess.Popen(
+        [sys.executable, str(script), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "READY"
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert out.split() == ["INTERRUPTED", "STATE"], err
+    assert child.returncode == 0, err
