@@ -35,12 +35,13 @@ use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
 use stoker_core::{Batch, CollatePolicy, Error, MemoryBudget, Reservation, Sample};
 
+use crate::ops::Builtin;
 use crate::ops::{OpContext, SampleOp};
 use crate::pack::{Pack, PackStage, BLOCK_SHARD};
-use crate::plan::{ErrorPolicy, Op, Pipeline};
+use crate::plan::{ErrorPolicy, FormatChoice, Op, Pipeline};
 use crate::rng::Rng;
 use crate::source::{
-    materialize, run_source, Dataset, Element, Pos, Produced, SourceConfig, SourceCursor,
+    materialize, run_source, Columnar, Dataset, Element, Pos, Produced, SourceConfig, SourceCursor,
 };
 use crate::stats::{StageCounters, Stats, StatsHub};
 
@@ -316,14 +317,105 @@ fn fuse_kernels(
     out
 }
 
+/// How the source reads a format that decodes columns (Parquet).
+enum ReadPath {
+    /// The format reads rows only: no choice to make.
+    RowsOnly,
+    /// Rows as samples, for this reason.
+    Rows(String),
+    /// Columns straight into the first batch.
+    Columnar(Columnar),
+}
+
+/// The columnar path (see `source`) when it gives exactly what the row path gives: a
+/// format that decodes columns, the shards read one at a time (no interleave, no rank
+/// split, no sample cache), and a `batch` first, with at most `rename`/`select`/`drop`
+/// before it (they only move names). Anything else that works per sample before the batch
+/// (a map, a filter, a shuffle buffer, take/skip) needs the samples: the row path.
+fn read_path(p: &Pipeline, ph: &Physical) -> ReadPath {
+    let FormatChoice::Fixed(f) = &p.format else {
+        return ReadPath::RowsOnly;
+    };
+    if !f.reads_columns() || matches!(p.source, crate::plan::Source::Memory(_)) {
+        return ReadPath::RowsOnly;
+    }
+    let why = if !p.options.columnar {
+        Some("the columnar path is turned off (options.columnar = false)".to_string())
+    } else if p.cycle > 1 {
+        Some(format!(
+            "interleave = {} takes rows from {} shards in turn",
+            p.cycle, p.cycle
+        ))
+    } else if p.rank.is_some_and(|r| r.world > 1) {
+        Some("the rank split deals rows out one round at a time".into())
+    } else if p.cache {
+        Some("cache keeps parsed samples".into())
+    } else if let Some((_, op)) = ph.producer.iter().find(|(_, op)| {
+        !matches!(
+            op.as_builtin(),
+            Some(Builtin::Rename { .. } | Builtin::Select { .. } | Builtin::Drop { .. })
+        )
+    }) {
+        Some(format!(
+            "{} runs on each sample before the batch",
+            op.meta().name
+        ))
+    } else {
+        match ph.tail.first() {
+            None => Some("there is no batch: the pipeline yields samples".into()),
+            Some(TailOp::Batch(size, drop_last, collate)) => {
+                return ReadPath::Columnar(Columnar {
+                    size: *size,
+                    drop_last: *drop_last,
+                    collate: Arc::new(collate.clone()),
+                    ops: ph.producer.clone(),
+                })
+            }
+            Some(t) => Some(format!(
+                "{} comes before the batch and needs samples",
+                t.name()
+            )),
+        }
+    };
+    ReadPath::Rows(why.unwrap_or_default())
+}
+
 /// Describes the plan the optimizer produces for `p` (stage names and its reasons).
 pub fn explain(p: &Pipeline) -> String {
-    let ph = optimize(&p.ops);
+    let mut ph = optimize(&p.ops);
     let mut s = String::from("logical:\n");
     for op in &p.ops {
         s.push_str(&format!("  {}\n", op_name(op)));
     }
-    s.push_str("physical:\n  source\n");
+    match read_path(p, &ph) {
+        ReadPath::RowsOnly => s.push_str("physical:\n  source\n"),
+        ReadPath::Rows(why) => {
+            s.push_str("physical:\n  source (rows)\n");
+            ph.explain.push(format!(
+                "rows: each row becomes a sample, because {why} (the columnar path needs \
+                 a batch first, at most rename/select/drop before it, and one shard at a \
+                 time)"
+            ));
+        }
+        ReadPath::Columnar(c) => {
+            s.push_str(&format!(
+                "physical:\n  source (columnar: batches of {}{})\n",
+                c.size,
+                if c.ops.is_empty() {
+                    String::new()
+                } else {
+                    format!(", with {}", producer_name(&c.ops))
+                }
+            ));
+            ph.explain.push(format!(
+                "columnar: the source cuts decoded columns into batches of {} across row \
+                 groups and files and the workers collate them, with no sample per row \
+                 (the same batches as the row path)",
+                c.size
+            ));
+            ph.producer.clear();
+        }
+    }
     if !ph.producer.is_empty() {
         s.push_str(&format!("  workers: {}\n", producer_name(&ph.producer)));
     }
@@ -529,12 +621,26 @@ impl Run {
             });
         }
         let ds = Arc::new(ds);
-        let ph = optimize(&p.ops);
+        let mut ph = optimize(&p.ops);
+        let columnar = match read_path(p, &ph) {
+            ReadPath::Columnar(c) => {
+                // The structural operators run in the source, on each chunk's names.
+                ph.producer.clear();
+                Some(Arc::new(c))
+            }
+            _ => None,
+        };
+        // The window counts what the source emits: batches on the columnar path.
+        let window = match &columnar {
+            Some(c) => (p.options.window / c.size).max(2),
+            None => p.options.window,
+        };
         let cfg = SourceConfig {
             shuffle_shards: p.shuffle_shards,
             cycle: p.cycle,
             rank: p.rank,
             seed: p.seed,
+            columnar,
         };
         if let Some(s) = &state {
             if s.seed != p.seed || s.version != STATE_VERSION || s.stages.len() != ph.tail.len() {
@@ -634,7 +740,7 @@ impl Run {
 
         // Hand-offs carry chunks of up to CHUNK samples: one wake-up per chunk, not per
         // sample (measured: per-sample hand-offs cost 6-10 us a sample, docs/benchmarks.md).
-        let (work_tx, work_rx) = bounded::<(u64, Vec<Produced>)>((p.options.window / CHUNK).max(2));
+        let (work_tx, work_rx) = bounded::<(u64, Vec<Produced>)>((window / CHUNK).max(2));
         let (done_tx, done_rx) = unbounded::<Done>();
         let (out_tx, out_rx) = bounded::<Vec<OutMsg>>(ph.prefetch);
         let producer = Arc::new(ph.producer.clone());
@@ -667,7 +773,7 @@ impl Run {
             epochs: p.epochs,
             policy: p.options.errors,
             deterministic: p.options.deterministic,
-            window: p.options.window as u64,
+            window: window as u64,
             threads,
             autotune: p.options.autotune,
             state: state.clone(),
@@ -848,7 +954,7 @@ impl Drop for Run {
 }
 
 enum Done {
-    Items(Vec<(u64, Result<Option<Element>, Error>)>),
+    Items(Vec<(u64, Result<Option<Flow>, Error>)>),
     SourceEnd { next_seq: u64 },
     Fatal(Error),
 }
@@ -923,7 +1029,7 @@ fn run_one(
     epoch: u64,
     ds: &Dataset,
     stage: Option<&StageCounters>,
-) -> (u64, Result<Option<Element>, Error>) {
+) -> (u64, Result<Option<Flow>, Error>) {
     let (seq, result) = match p {
         Produced::Fail { seq, pos, error } => (
             seq,
@@ -931,6 +1037,18 @@ fn run_one(
                 .with_object(ds.shards[pos.shard as usize].url.clone())
                 .with_record(pos.record)),
         ),
+        // A batch's rows (columnar path): collated here, in parallel, not on the tail.
+        Produced::Rows {
+            seq,
+            positions,
+            parts,
+            collate,
+            hold,
+        } => {
+            let r =
+                Batch::from_columns(parts, &collate).map(|b| Some(Flow::Batch(b, positions, hold)));
+            return (seq, r);
+        }
         Produced::Elem(el) => {
             let seq = el.seq;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -944,7 +1062,8 @@ fn run_one(
                         panic_message(&p),
                         producer_name(producer)
                     )))
-                }),
+                })
+                .map(|el| el.map(Flow::Elem)),
             )
         }
     };
@@ -1131,8 +1250,28 @@ impl TailCtx {
                                 let now = Instant::now();
                                 // The sample's bytes count against the budget until the
                                 // consumer takes it: a full budget stops the source.
-                                if let Produced::Elem(e) = &mut p {
-                                    let n = e.sample.size_bytes() as u64;
+                                let held = match &mut p {
+                                    Produced::Elem(e) => Some((
+                                        e.sample.size_bytes() as u64,
+                                        &mut e.hold,
+                                        e.seq,
+                                        e.pos,
+                                    )),
+                                    Produced::Rows {
+                                        parts,
+                                        hold,
+                                        seq,
+                                        positions,
+                                        ..
+                                    } => Some((
+                                        parts.iter().map(|c| c.size_bytes() as u64).sum(),
+                                        hold,
+                                        *seq,
+                                        positions[0],
+                                    )),
+                                    Produced::Fail { .. } => None,
+                                };
+                                if let Some((n, slot, seq, pos)) = held {
                                     let hold = budget.try_reserve(n).or_else(|| {
                                         rt.block_on(async {
                                             tokio::time::timeout(BUDGET_WAIT, budget.reserve(n))
@@ -1141,7 +1280,7 @@ impl TailCtx {
                                         .ok()
                                     });
                                     match hold {
-                                        Some(h) => e.hold = Some(h),
+                                        Some(h) => *slot = Some(h),
                                         None => {
                                             let error = Error::invalid(format!(
                                                 "the memory budget ({} MiB) stayed full for {} s: \
@@ -1151,15 +1290,24 @@ impl TailCtx {
                                                 budget.limit() >> 20,
                                                 BUDGET_WAIT.as_secs()
                                             ));
-                                            let (seq, pos) = (e.seq, e.pos);
                                             p = Produced::Fail { seq, pos, error };
                                         }
                                     }
                                 }
                                 stage.add(&stage.busy_ns, (now - last).as_nanos() as u64);
-                                stage.add(&stage.items_out, 1);
-                                if let Produced::Elem(e) = &p {
-                                    stage.add(&stage.bytes, e.sample.size_bytes() as u64);
+                                match &p {
+                                    Produced::Elem(e) => {
+                                        stage.add(&stage.items_out, 1);
+                                        stage.add(&stage.bytes, e.sample.size_bytes() as u64);
+                                    }
+                                    Produced::Rows {
+                                        parts, positions, ..
+                                    } => {
+                                        stage.add(&stage.items_out, positions.len() as u64);
+                                        let b: usize = parts.iter().map(|c| c.size_bytes()).sum();
+                                        stage.add(&stage.bytes, b as u64);
+                                    }
+                                    Produced::Fail { .. } => stage.add(&stage.items_out, 1),
                                 }
                                 let seq = p.seq();
                                 next_seq = seq + 1;
@@ -1358,7 +1506,7 @@ impl TailRun<'_> {
         let ctx = self.ctx;
         let mut next = first;
         let mut end: Option<u64> = None;
-        let mut pending: BTreeMap<u64, Result<Option<Element>, Error>> = BTreeMap::new();
+        let mut pending: BTreeMap<u64, Result<Option<Flow>, Error>> = BTreeMap::new();
         // Without determinism, results are numbered as they arrive.
         let mut arrived = first;
         while end != Some(next) {
@@ -1398,7 +1546,8 @@ impl TailRun<'_> {
                 self.last_seq = Some(next);
                 next += 1;
                 match result {
-                    Ok(Some(el)) => self.push(0, Flow::Elem(el)),
+                    Ok(Some(Flow::Elem(el))) => self.push(0, Flow::Elem(el)),
+                    Ok(Some(batch)) => self.push_batched(batch),
                     Ok(None) => {}
                     Err(e) => self.error(e),
                 }
@@ -1411,6 +1560,19 @@ impl TailRun<'_> {
                 ctx.shared.tail_moved.notify_all();
             }
         }
+    }
+
+    /// A batch the source made (columnar path) passes the first stage, the batch it
+    /// stands for, as that stage would have made it.
+    fn push_batched(&mut self, batch: Flow) {
+        let Flow::Batch(b, ..) = &batch else {
+            return self.push(0, batch);
+        };
+        debug_assert!(matches!(self.stages.first(), Some(Stage::Batch { .. })));
+        let c = self.counters(0);
+        c.add(&c.items_in, b.len() as u64);
+        c.add(&c.items_out, 1);
+        self.push(1, batch);
     }
 
     /// Ends the run with `e`, after what was finished before it.
