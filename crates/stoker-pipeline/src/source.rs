@@ -863,6 +863,9 @@ fn restructure(c: Columns, ops: &[(usize, Arc<dyn SampleOp>)]) -> Result<Columns
     Columns::new(names, columns)
 }
 
+/// Shards the columnar path opens ahead of the one it consumes.
+const SHARDS_AHEAD: usize = 2;
+
 /// The columnar path (see the module docs): one shard at a time, rows cut into batches of
 /// `col.size` across shard boundaries.
 fn run_columnar(
@@ -882,6 +885,16 @@ fn run_columnar(
         consumed: skip,
         rx: spawn_column_reader(ds, order[i as usize], skip),
     };
+    // The next shards are opened ahead (their footers and first row groups fetched while
+    // this one is cut into batches); the cursor counts only the shard being consumed.
+    let mut ahead: std::collections::VecDeque<Open> = std::collections::VecDeque::new();
+    let fill_ahead = |ahead: &mut std::collections::VecDeque<Open>, next: u64| {
+        let mut j = next + ahead.len() as u64;
+        while ahead.len() < SHARDS_AHEAD && (j as usize) < order.len() {
+            ahead.push_back(open(j, 0));
+            j += 1;
+        }
+    };
     let mut slot = if cursor.slots.is_empty() && cursor.next == 0 {
         (!order.is_empty()).then(|| {
             cursor.next = 1;
@@ -897,6 +910,7 @@ fn run_columnar(
         cursor.emitted += 1;
         emit(p, cursor)
     };
+    fill_ahead(&mut ahead, cursor.next);
     // The batch being filled.
     let mut parts: Vec<Columns> = Vec::new();
     let mut positions: Vec<Pos> = Vec::with_capacity(col.size);
@@ -967,10 +981,17 @@ fn run_columnar(
             ColumnMsg::End => {
                 slot = ((cursor.next as usize) < order.len()).then(|| {
                     cursor.next += 1;
-                    open(cursor.next - 1, 0)
+                    match ahead.pop_front() {
+                        Some(o) => {
+                            debug_assert_eq!(o.order_index, cursor.next - 1);
+                            o
+                        }
+                        None => open(cursor.next - 1, 0),
+                    }
                 });
             }
         }
+        fill_ahead(&mut ahead, cursor.next);
     }
     if rows > 0 && !col.drop_last {
         let p = batch(&mut parts, &mut positions);
