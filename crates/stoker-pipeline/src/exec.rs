@@ -13,6 +13,13 @@
 //! output does not depend on the number of workers or their timing. Every random choice is
 //! a pure function of (seed, epoch, position), see [`crate::rng`].
 //!
+//! **The columnar path.** For a format that decodes columns (Parquet) with a `batch` first
+//! (at most `rename`/`select`/`drop` before it) and one shard at a time, the source cuts
+//! the decoded columns into the batch's rows itself and emits one item per batch, which a
+//! worker collates ([`Batch::from_columns`]) and the tail passes on as that batch stage's
+//! output. The batches, positions and errors are the row path's (see `source`; the choice
+//! and its reason are in [`explain`]); the window then counts batches.
+//!
 //! **Memory.** Every queue is bounded, and the source may not run more than `window`
 //! samples ahead of the tail: a slow consumer stops the whole pipeline, it never grows it.
 //!

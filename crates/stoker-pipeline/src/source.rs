@@ -779,16 +779,73 @@ enum ColumnMsg {
     End,
 }
 
+/// Decoded bytes a columnar shard reader may hold ahead of the source: enough for a few
+/// row groups of a narrow table (so the next row group is fetched while this one is cut),
+/// a bound for wide ones (at least one chunk always goes).
+const COLUMNS_AHEAD_BYTES: u64 = 8 << 20;
+
+/// The decoded bytes a shard reader has sent and the source not yet taken.
+#[derive(Default)]
+struct AheadGate {
+    bytes: parking_lot::Mutex<u64>,
+    moved: parking_lot::Condvar,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl AheadGate {
+    /// Waits until `n` more bytes fit (false once the source is gone).
+    fn admit(&self, n: u64) -> bool {
+        let mut b = self.bytes.lock();
+        while *b > 0 && *b + n > COLUMNS_AHEAD_BYTES {
+            if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+                return false;
+            }
+            self.moved
+                .wait_for(&mut b, std::time::Duration::from_millis(50));
+        }
+        *b += n;
+        true
+    }
+
+    fn release(&self, n: u64) {
+        let mut b = self.bytes.lock();
+        *b = b.saturating_sub(n);
+        self.moved.notify_all();
+    }
+}
+
+/// A shard being read as columns: the reader thread's messages and its gate.
+struct ColumnShard {
+    rx: crossbeam_channel::Receiver<ColumnMsg>,
+    gate: Arc<AheadGate>,
+}
+
+impl ColumnShard {
+    fn recv(&self) -> ColumnMsg {
+        let m = self.rx.recv().unwrap_or(ColumnMsg::End);
+        if let ColumnMsg::Rows(c) = &m {
+            self.gate.release(c.size_bytes() as u64);
+        }
+        m
+    }
+}
+
+impl Drop for ColumnShard {
+    fn drop(&mut self) {
+        self.gate
+            .closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.gate.moved.notify_all();
+    }
+}
+
 /// Reads shard `id` as columns on its own thread, after skipping `skip` records (rows or
-/// errors, as the row reader counts them).
-fn spawn_column_reader(
-    ds: &Arc<Dataset>,
-    id: u32,
-    skip: u64,
-) -> crossbeam_channel::Receiver<ColumnMsg> {
-    // A few decoded chunks (up to 1,024 rows each) ahead.
-    let (tx, rx) = crossbeam_channel::bounded(4);
+/// errors, as the row reader counts them), up to [`COLUMNS_AHEAD_BYTES`] ahead.
+fn spawn_column_reader(ds: &Arc<Dataset>, id: u32, skip: u64) -> ColumnShard {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let gate = Arc::new(AheadGate::default());
     let ds = ds.clone();
+    let g = gate.clone();
     std::thread::Builder::new()
         .name("stoker-shard".into())
         .spawn(move || {
@@ -813,7 +870,12 @@ fn spawn_column_reader(
             }
             loop {
                 let msg = match reader.next_columns(usize::MAX) {
-                    Ok(Some(c)) => ColumnMsg::Rows(c),
+                    Ok(Some(c)) => {
+                        if !g.admit(c.size_bytes() as u64) {
+                            return;
+                        }
+                        ColumnMsg::Rows(c)
+                    }
                     Ok(None) => ColumnMsg::End,
                     Err(e) => ColumnMsg::Err(e.with_object(shard.url.clone())),
                 };
@@ -824,7 +886,7 @@ fn spawn_column_reader(
             }
         })
         .expect("spawn shard reader");
-    rx
+    ColumnShard { rx, gate }
 }
 
 /// A chunk after the structural operators. They only move names, so they run once, on a
@@ -864,7 +926,7 @@ fn restructure(c: Columns, ops: &[(usize, Arc<dyn SampleOp>)]) -> Result<Columns
 }
 
 /// Shards the columnar path opens ahead of the one it consumes.
-const SHARDS_AHEAD: usize = 2;
+const SHARDS_AHEAD: usize = 3;
 
 /// The columnar path (see the module docs): one shard at a time, rows cut into batches of
 /// `col.size` across shard boundaries.
@@ -878,7 +940,7 @@ fn run_columnar(
     struct Open {
         order_index: u64,
         consumed: u64,
-        rx: crossbeam_channel::Receiver<ColumnMsg>,
+        rx: ColumnShard,
     }
     let open = |i: u64, skip: u64| Open {
         order_index: i,
@@ -924,7 +986,7 @@ fn run_columnar(
     };
     while let Some(s) = slot.as_mut() {
         let shard = order[s.order_index as usize];
-        match s.rx.recv().unwrap_or(ColumnMsg::End) {
+        match s.rx.recv() {
             ColumnMsg::Rows(c) => {
                 let n = c.len();
                 let mut c = match restructure(c, &col.ops) {
