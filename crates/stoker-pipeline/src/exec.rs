@@ -566,6 +566,7 @@ pub struct Run {
     samples: u64,
     done: bool,
     resumable: Result<(), String>,
+    columnar: bool,
     budget: MemoryBudget,
     store: Option<stoker_store::Store>,
     shards: usize,
@@ -753,18 +754,24 @@ impl Run {
         let producer = Arc::new(ph.producer.clone());
         let mut handles = Vec::new();
         let map_stage = (!ph.producer.is_empty()).then(|| shared.stats.stage(1));
+        // On the columnar path the workers collate: their time is the batch stage's.
+        let collate_stage = cfg.columnar.is_some().then(|| shared.stats.stage(1));
         for w in 0..threads {
             let rx = work_rx.clone();
             let tx = done_tx.clone();
             let producer = producer.clone();
             let shared = shared.clone();
             let stage = map_stage.clone();
+            let collating = collate_stage.clone();
             let seed = p.seed;
             let ds = ds.clone();
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("stoker-cpu-{w}"))
-                    .spawn(move || worker(w, rx, tx, &producer, &shared, stage, seed, &ds))
+                    .spawn(move || {
+                        let stages = (stage, collating);
+                        worker(w, rx, tx, &producer, &shared, stages, seed, &ds)
+                    })
                     .expect("spawn worker"),
             );
         }
@@ -803,6 +810,7 @@ impl Run {
             start: start_state,
             done: false,
             resumable,
+            columnar: collate_stage.is_some(),
             budget,
             store: ds.store.clone(),
             shards: ds.shards.len(),
@@ -816,6 +824,12 @@ impl Run {
         self.shared
             .stats
             .snapshot(&self.budget, self.store.as_ref())
+    }
+
+    /// Whether the source reads columns straight into batches (the columnar path; see
+    /// [`Pipeline::explain`] for why or why not).
+    pub fn columnar(&self) -> bool {
+        self.columnar
     }
 
     /// Number of shards (objects) in the dataset.
@@ -980,7 +994,7 @@ fn worker(
     tx: Sender<Done>,
     producer: &[(usize, Arc<dyn SampleOp>)],
     shared: &Shared,
-    stage: Option<Arc<StageCounters>>,
+    (stage, collating): (Option<Arc<StageCounters>>, Option<Arc<StageCounters>>),
     seed: u64,
     ds: &Dataset,
 ) {
@@ -1010,7 +1024,8 @@ fn worker(
         let mut results = Vec::with_capacity(chunk.len());
         let n = chunk.len() as u64;
         for p in chunk {
-            results.push(run_one(p, producer, seed, epoch, ds, stage.as_deref()));
+            let stages = (stage.as_deref(), collating.as_deref());
+            results.push(run_one(p, producer, seed, epoch, ds, stages));
         }
         let busy = t1.elapsed().as_nanos() as u64;
         if let Some(s) = &stage {
@@ -1035,7 +1050,7 @@ fn run_one(
     seed: u64,
     epoch: u64,
     ds: &Dataset,
-    stage: Option<&StageCounters>,
+    (stage, collating): (Option<&StageCounters>, Option<&StageCounters>),
 ) -> (u64, Result<Option<Flow>, Error>) {
     let (seq, result) = match p {
         Produced::Fail { seq, pos, error } => (
@@ -1052,8 +1067,12 @@ fn run_one(
             collate,
             hold,
         } => {
+            let t0 = Instant::now();
             let r =
                 Batch::from_columns(parts, &collate).map(|b| Some(Flow::Batch(b, positions, hold)));
+            if let Some(c) = collating {
+                c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
+            }
             return (seq, r);
         }
         Produced::Elem(el) => {

@@ -66,8 +66,9 @@ fn pipeline(prefix: &str, spec: &str, options: &str, columnar: bool) -> Pipeline
 }
 
 /// Everything a run gives: items, then the error that ended it, and the skip count.
-fn outcome(p: &Pipeline) -> (Vec<Result<Item, String>>, u64, Vec<String>) {
+fn outcome(p: &Pipeline, columnar: bool) -> (Vec<Result<Item, String>>, u64, Vec<String>) {
     let mut run = p.run().unwrap();
+    assert_eq!(run.columnar(), columnar);
     let mut out = Vec::new();
     for r in run.by_ref() {
         let end = r.is_err();
@@ -96,8 +97,8 @@ fn same(prefix: &str, spec: &str, options: &str) -> (Vec<Result<Item, String>>, 
     let explain = cols.explain();
     assert!(explain.contains("source (columnar"), "{spec}\n{explain}");
     assert!(rows.explain().contains("source (rows)"), "{spec}");
-    let want = outcome(&rows);
-    let got = outcome(&cols);
+    let want = outcome(&rows, false);
+    let got = outcome(&cols, true);
     assert_eq!(got.0.len(), want.0.len(), "{prefix} {spec} {options}");
     for (i, (g, w)) in got.0.iter().zip(&want.0).enumerate() {
         assert_eq!(g, w, "{prefix} {spec} {options}: item {i}");
@@ -322,6 +323,7 @@ fn explain_names_the_path_and_why() {
 /// resumed run again after 2 more, resumes again: the items are those the whole run gives.
 fn resumes_exactly(prefix: &str, spec: &str, options: &str) {
     let p = pipeline(prefix, spec, options, true);
+    assert!(p.run().unwrap().columnar(), "{spec}");
     let full: Vec<Item> = p.run().unwrap().map(Result::unwrap).collect();
     assert!(full.len() >= 4, "{spec}");
     for k in 0..=full.len() {
