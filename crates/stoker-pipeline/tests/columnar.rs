@@ -358,3 +358,45 @@ fn resume_is_exact_at_every_batch() {
     resumes_exactly("rows", &format!("{ops}{}", batch(16, true, "auto")), "");
     resumes_exactly("broken", &batch(9, false, "auto"), "errors = \"skip\"");
 }
+
+mod property {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        /// Any batch size, `drop_last`, shard order and projection: the columnar batches
+        /// are the row path's, and a run stopped at a random batch resumes exactly.
+        #[test]
+        fn same_batches_and_exact_resume(
+            size in 1usize..48,
+            drop_last in any::<bool>(),
+            shuffle in any::<bool>(),
+            seed in 0u64..1000,
+            project in any::<bool>(),
+            stop in 0.0f64..1.0,
+        ) {
+            let proj = if project {
+                "[format_options]\ncolumns = [\"name\", \"maybe\", \"score\"]\n"
+            } else {
+                ""
+            };
+            let spec = format!(
+                "shuffle_shards = {shuffle}\nseed = {seed}\n{proj}{}",
+                batch(size, drop_last, "auto")
+            );
+            let (full, _) = same("rows", &spec, "");
+            let full: Vec<Item> = full.into_iter().map(Result::unwrap).collect();
+            let p = pipeline("rows", &spec, "", true);
+            let k = ((full.len() as f64) * stop) as usize;
+            let mut run = p.run().unwrap();
+            let head: Vec<Item> = run.by_ref().take(k).map(Result::unwrap).collect();
+            prop_assert_eq!(&head[..], &full[..k]);
+            let state = run.state().unwrap();
+            drop(run);
+            let rest: Vec<Item> = p.resume(&state).unwrap().map(Result::unwrap).collect();
+            prop_assert_eq!(&rest[..], &full[k..]);
+        }
+    }
+}
