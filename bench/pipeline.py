@@ -26,8 +26,11 @@ Formats (bucket `pipe`) and contenders:
             streams each object to /dev/shm (timed, overlapped), TFRecordDataset via interleave(4),
             batch(256) + parse_example, or parse_single_example + batch(256)
   parquet   8 files x 4 row groups, 200,000 rows (int64, int32, float64, float32, 2 strings)
-            stoker: format = "parquet";  pyarrow: pyarrow.dataset over S3FileSystem, rows of
-            record batches counted;  pyarrow-pylist: the same, every batch to Python rows
+            stoker: format = "parquet", `batch` of --pq-batch rows (1024), interleave 1: the
+            columnar path (row groups straight into batches);  stoker-rows: the same batch,
+            interleave --interleave, columnar = false: every row a sample, then collated;
+            pyarrow: pyarrow.dataset over S3FileSystem, to_batches(batch_size=--pq-batch),
+            rows of record batches counted;  pyarrow-pylist: the same, every batch to Python rows
   jsonl     8 files, 200,000 lines (5 fields)
             stoker: format = "jsonl";  jsonl: boto3 streams (4 at a time), json.loads per line
 
@@ -78,7 +81,7 @@ FORMATS = {
     # format: (prefix, object suffix, stoker format, python contenders)
     "wds": ("wds/", ".tar", "tar", ["wds", "wds-loader"]),
     "tfrecord": ("tfrecord/", ".tfrecord", "tfrecord", ["tf-batch", "tf-single"]),
-    "parquet": ("parquet/", ".parquet", "parquet", ["pyarrow", "pyarrow-pylist"]),
+    "parquet": ("parquet/", ".parquet", "parquet", ["stoker-rows", "pyarrow", "pyarrow-pylist"]),
     "jsonl": ("jsonl/", ".jsonl", "jsonl", ["jsonl"]),
 }
 
@@ -166,25 +169,36 @@ class Rep:
     extra: dict = field(default_factory=dict)
 
 
-def stoker_spec(ctx: Ctx, fmt: str) -> Path:
+def stoker_spec(ctx: Ctx, fmt: str, rows: bool = False) -> Path:
+    """The spec of the `stoker` contender (for parquet: batches on the columnar path), or
+    with `rows` of `stoker-rows` (parquet: the same batches, every row a sample first)."""
     prefix, suffix, sformat, _c = FORMATS[fmt]
+    columnar = fmt == "parquet" and not rows
     lines = [
         f'source = "s3://{BUCKET}/{prefix}"',
         f'glob = "*{suffix}"',
         f'format = "{sformat}"',
-        f"interleave = {ctx.args.interleave}",
+        # The columnar path reads one file at a time (it opens the next ones ahead).
+        f"interleave = {1 if columnar else ctx.args.interleave}",
     ]
     if fmt == "tfrecord":
         lines += ["", "[format_options]", "parse_examples = true"]
+    if fmt == "parquet":
+        lines += ["", "[[ops]]", 'op = "batch"', f"size = {ctx.args.pq_batch}"]
+    options = []
     if ctx.args.stoker_threads:
-        lines += ["", "[options]", f"threads = {ctx.args.stoker_threads}"]
-    path = ctx.work / f"{fmt}.toml"
+        options.append(f"threads = {ctx.args.stoker_threads}")
+    if fmt == "parquet":
+        options.append(f"columnar = {'true' if columnar else 'false'}")
+    if options:
+        lines += ["", "[options]", *options]
+    path = ctx.work / f"{fmt}{'-rows' if rows else ''}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def c_stoker(ctx: Ctx, fmt: str) -> Rep:
-    spec = stoker_spec(ctx, fmt)
+def c_stoker(ctx: Ctx, fmt: str, rows: bool = False) -> Rep:
+    spec = stoker_spec(ctx, fmt, rows)
     argv = [str(ctx.stoker), "run", str(spec), "--json", "--endpoint", ctx.endpoint, *ctx.args.stoker_arg]
     child = run_child(argv, ctx.env, ctx.args.timeout)
     check(child, "stoker run")
@@ -225,12 +239,15 @@ def _python(ctx: Ctx, fmt: str, program: str, extra: list[str]) -> Rep:
 
 RUNNERS = {
     "stoker": c_stoker,
+    "stoker-rows": lambda ctx, f: c_stoker(ctx, f, rows=True),
     "wds": lambda ctx, f: _python(ctx, f, "wds", ["--workers", "0"]),
     "wds-loader": lambda ctx, f: _python(ctx, f, "wds-loader", ["--workers", str(ctx.args.wds_workers)]),
     "tf-batch": lambda ctx, f: _python(ctx, f, "tf", ["--parse", "batch", "--cycle", str(ctx.args.interleave)]),
     "tf-single": lambda ctx, f: _python(ctx, f, "tf", ["--parse", "single", "--cycle", str(ctx.args.interleave)]),
-    "pyarrow": lambda ctx, f: _python(ctx, f, "pyarrow", ["--prefix", FORMATS[f][0]]),
-    "pyarrow-pylist": lambda ctx, f: _python(ctx, f, "pyarrow", ["--prefix", FORMATS[f][0], "--pylist"]),
+    "pyarrow": lambda ctx, f: _python(ctx, f, "pyarrow", ["--prefix", FORMATS[f][0],
+                                                          "--batch-size", str(ctx.args.pq_batch)]),
+    "pyarrow-pylist": lambda ctx, f: _python(ctx, f, "pyarrow", ["--prefix", FORMATS[f][0], "--pylist",
+                                                                 "--batch-size", str(ctx.args.pq_batch)]),
     "jsonl": lambda ctx, f: _python(ctx, f, "jsonl", ["--threads", str(ctx.args.interleave)]),
 }
 
@@ -269,14 +286,16 @@ def add_ratios(rows: list[dict]) -> None:
         groups.setdefault((r["format"], r["latency_ms"]), []).append(r)
     for g in groups.values():
         st = next((r for r in g if r["contender"] == "stoker" and "records_per_s" in r), None)
-        peers = [r for r in g if r["contender"] != "stoker" and "records_per_s" in r]
+        peers = [r for r in g if not r["contender"].startswith("stoker") and "records_per_s" in r]
         for r in peers:
             if st:
                 r["stoker_ratio"] = st["records_per_s"] / r["records_per_s"]
-        if st and peers:
-            best = max(peers, key=lambda r: r["records_per_s"])
-            st["best_peer"] = best["contender"]
-            st["stoker_ratio_vs_best_peer"] = st["records_per_s"] / best["records_per_s"]
+        # Every stoker contender (stoker-rows too) against the best peer.
+        for s in (r for r in g if r["contender"].startswith("stoker") and "records_per_s" in r):
+            if peers:
+                best = max(peers, key=lambda r: r["records_per_s"])
+                s["best_peer"] = best["contender"]
+                s["stoker_ratio_vs_best_peer"] = s["records_per_s"] / best["records_per_s"]
 
 
 def table(rows: list[dict]) -> str:
@@ -287,7 +306,7 @@ def table(rows: list[dict]) -> str:
             out.append([r["format"], f"{r['latency_ms']:g}", r["contender"], "FAILED", "", "", "", "", "",
                         _tail(r.get("error", ""), 60)])
             continue
-        if r["contender"] == "stoker":
+        if r["contender"].startswith("stoker"):
             ratio = f"{r['stoker_ratio_vs_best_peer']:.2f}x best ({r['best_peer']})" if "best_peer" in r else "-"
         else:
             ratio = f"{r['stoker_ratio']:.2f}x" if "stoker_ratio" in r else "-"
@@ -307,10 +326,10 @@ def table(rows: list[dict]) -> str:
 def stage_table(rows: list[dict]) -> str:
     lines = []
     for r in rows:
-        if r["contender"] != "stoker" or "median_rep_extra" not in r:
+        if not r["contender"].startswith("stoker") or "median_rep_extra" not in r:
             continue
         ex = r["median_rep_extra"]
-        lines.append(f"stoker {r['format']} ({r['latency_ms']:g} ms), median rep {r['seconds']:.3f} s, "
+        lines.append(f"{r['contender']} {r['format']} ({r['latency_ms']:g} ms), median rep {r['seconds']:.3f} s, "
                      f"bytes_read {ex.get('bytes_read')}, peak RSS {(ex.get('peak_rss_bytes') or 0) / MIB:.0f} MiB, "
                      f"consumer wait {ex.get('consumer_wait_s') or 0:.2f} s:")
         for s in ex.get("stages") or []:
@@ -401,6 +420,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tfr-files", type=int, default=16)
     ap.add_argument("--tfr-records", type=int, default=5000)
     ap.add_argument("--pq-rows", type=int, default=200_000)
+    ap.add_argument("--pq-batch", type=int, default=1024,
+                    help="parquet: rows per batch of stoker's `batch` and of pyarrow's to_batches")
     ap.add_argument("--jsonl-rows", type=int, default=200_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stoker", type=Path, default=Path(os.environ.get("STOKER_BIN", REPO / "target/release/stoker")))

@@ -20,6 +20,7 @@ Subcommands:
   tf         tf.data: objects streamed with boto3 into files in /dev/shm (timed), read by
              TFRecordDataset through interleave, parsed with parse_example / parse_single_example
   pyarrow    pyarrow.dataset over pyarrow.fs.S3FileSystem, counting rows of record batches
+             (--batch-size N: to_batches(batch_size=N), batches of at most N rows)
              (--pylist: every batch turned into Python rows, one dict per row)
   jsonl      boto3 get_object streams, json.loads per line, --threads objects at a time
 """
@@ -290,7 +291,7 @@ def cmd_pyarrow(a: argparse.Namespace) -> None:
     d = pads.dataset(f"{a.bucket}/{a.prefix.rstrip('/')}", filesystem=s3, format="parquet")
     records = 0
     batches = 0
-    for b in d.to_batches():
+    for b in d.to_batches(batch_size=a.batch_size) if a.batch_size else d.to_batches():
         batches += 1
         if a.pylist:
             for _row in b.to_pylist():
@@ -370,6 +371,7 @@ def main() -> None:
     p = reader("pyarrow", cmd_pyarrow)
     p.add_argument("--prefix", default="parquet/")
     p.add_argument("--pylist", action="store_true")
+    p.add_argument("--batch-size", type=int, default=0, help="rows per record batch (0: pyarrow's default)")
     p = reader("jsonl", cmd_jsonl)
     p.add_argument("--threads", type=int, default=4)
 

@@ -395,6 +395,253 @@ impl Batch {
     }
 }
 
+/// One field's values over consecutive rows, as a columnar format decodes them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Column {
+    /// Integers without nulls: row `i` is `Value::Int(v[i])`.
+    Ints(Vec<i64>),
+    /// Floats without nulls: row `i` is `Value::Float(v[i])`.
+    Floats(Vec<f64>),
+    /// Any values, one per row.
+    Values(Vec<Value>),
+}
+
+impl Column {
+    /// Rows.
+    pub fn len(&self) -> usize {
+        match self {
+            Column::Ints(v) => v.len(),
+            Column::Floats(v) => v.len(),
+            Column::Values(v) => v.len(),
+        }
+    }
+
+    /// No rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Row `i` as a value.
+    pub fn value(&self, i: usize) -> Value {
+        match self {
+            Column::Ints(v) => Value::Int(v[i]),
+            Column::Floats(v) => Value::Float(v[i]),
+            Column::Values(v) => v[i].clone(),
+        }
+    }
+
+    /// Moves the first `n` rows out.
+    fn take_front(&mut self, n: usize) -> Column {
+        match self {
+            Column::Ints(v) => Column::Ints(v.drain(..n).collect()),
+            Column::Floats(v) => Column::Floats(v.drain(..n).collect()),
+            Column::Values(v) => Column::Values(v.drain(..n).collect()),
+        }
+    }
+
+    fn into_values(self) -> Vec<Value> {
+        match self {
+            Column::Ints(v) => v.into_iter().map(Value::Int).collect(),
+            Column::Floats(v) => v.into_iter().map(Value::Float).collect(),
+            Column::Values(v) => v,
+        }
+    }
+
+    fn size_bytes(&self) -> usize {
+        match self {
+            Column::Ints(v) => v.len() * 8,
+            Column::Floats(v) => v.len() * 8,
+            Column::Values(v) => v.iter().map(Value::size_bytes).sum(),
+        }
+    }
+}
+
+/// Consecutive rows held as named columns: what a columnar format (Parquet) decodes,
+/// before any row becomes a [`Sample`]. Row `i` is the sample with field `names[k]` set to
+/// `columns[k]`'s row `i`, in that order ([`Columns::row`]); [`Batch::from_columns`]
+/// collates such rows without making those samples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Columns {
+    /// Field names, in the rows' field order.
+    pub names: Vec<Arc<str>>,
+    /// One column per name, each of `len` rows.
+    pub columns: Vec<Column>,
+    len: usize,
+}
+
+impl Columns {
+    /// Columns of equal length (an error otherwise).
+    pub fn new(names: Vec<Arc<str>>, columns: Vec<Column>) -> Result<Columns, Error> {
+        let len = columns.first().map_or(0, Column::len);
+        if names.len() != columns.len() || columns.iter().any(|c| c.len() != len) {
+            return Err(Error::invalid(format!(
+                "{} names for {} columns of {:?} rows",
+                names.len(),
+                columns.len(),
+                columns.iter().map(Column::len).collect::<Vec<_>>()
+            )));
+        }
+        Ok(Columns {
+            names,
+            columns,
+            len,
+        })
+    }
+
+    /// Rows.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No rows.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The column of `name` (the first of that name, as [`Sample::get`] finds it).
+    pub fn get(&self, name: &str) -> Option<&Column> {
+        self.names
+            .iter()
+            .position(|n| &**n == name)
+            .map(|i| &self.columns[i])
+    }
+
+    /// Row `i` as a sample.
+    pub fn row(&self, i: usize) -> Sample {
+        Sample {
+            fields: self
+                .names
+                .iter()
+                .zip(&self.columns)
+                .map(|(n, c)| (n.clone(), c.value(i)))
+                .collect(),
+        }
+    }
+
+    /// Moves the first `n` rows (at most all of them) out.
+    pub fn take_front(&mut self, n: usize) -> Columns {
+        let n = n.min(self.len);
+        self.len -= n;
+        Columns {
+            names: self.names.clone(),
+            columns: self.columns.iter_mut().map(|c| c.take_front(n)).collect(),
+            len: n,
+        }
+    }
+
+    /// Approximate bytes held.
+    pub fn size_bytes(&self) -> usize {
+        self.columns.iter().map(Column::size_bytes).sum()
+    }
+}
+
+impl Batch {
+    /// Collates the rows of `parts`, in order, exactly as [`Batch::collate`] collates the
+    /// same rows as samples ([`Columns::row`]): same columns, values, dtypes and errors,
+    /// without making a sample per row. Integer and float columns without nulls are
+    /// concatenated straight into tensors; anything else goes through the per-value rules.
+    pub fn from_columns(parts: Vec<Columns>, policy: &CollatePolicy) -> Result<Batch, Error> {
+        let len: usize = parts.iter().map(Columns::len).sum();
+        let parts: Vec<Columns> = parts.into_iter().filter(|p| !p.is_empty()).collect();
+        let first = parts
+            .first()
+            .ok_or_else(|| Error::invalid("cannot collate an empty batch"))?;
+        let names = first.names.clone();
+        // Which column of each part every output field reads (the first of its name),
+        // checked before anything is moved, in the order `collate` meets a missing field.
+        let mut picks: Vec<Vec<usize>> = Vec::with_capacity(names.len());
+        for name in &names {
+            let mut pick = Vec::with_capacity(parts.len());
+            for p in &parts {
+                match p.names.iter().position(|n| n == name) {
+                    Some(i) => pick.push(i),
+                    None => {
+                        let s = p.row(0);
+                        return Err(Error::operator(format!(
+                            "a sample{} has no field {name:?}, which the batch's first sample \
+                             has (fields: {})",
+                            s.key().map(|k| format!(" ({k})")).unwrap_or_default(),
+                            s.names().collect::<Vec<_>>().join(", ")
+                        ))
+                        .with_stage("batch"));
+                    }
+                }
+            }
+            picks.push(pick);
+        }
+        // A column read by two fields (duplicate names) is cloned; others are moved.
+        let mut uses: Vec<Vec<usize>> = parts.iter().map(|p| vec![0; p.columns.len()]).collect();
+        for pick in &picks {
+            for (k, &i) in pick.iter().enumerate() {
+                uses[k][i] += 1;
+            }
+        }
+        let mut parts = parts;
+        let mut fields = Vec::with_capacity(names.len());
+        for (name, pick) in names.iter().zip(&picks) {
+            let cols: Vec<Column> = pick
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| {
+                    uses[k][i] -= 1;
+                    if uses[k][i] == 0 {
+                        std::mem::replace(&mut parts[k].columns[i], Column::Values(Vec::new()))
+                    } else {
+                        parts[k].columns[i].clone()
+                    }
+                })
+                .collect();
+            let v = collate_parts(name, cols, len, policy.of(name)).map_err(|e| {
+                Error::operator(format!("field {name:?}: {}", e.message)).with_stage("batch")
+            })?;
+            fields.push((name.clone(), v));
+        }
+        Ok(Batch { len, fields })
+    }
+}
+
+/// One field of a batch from its parts (see [`Batch::from_columns`]).
+fn collate_parts(name: &str, cols: Vec<Column>, len: usize, how: Collate) -> Result<Value, Error> {
+    if how != Collate::List {
+        if cols.iter().all(|c| matches!(c, Column::Ints(_))) {
+            let mut v = Vec::with_capacity(len);
+            for c in &cols {
+                if let Column::Ints(x) = c {
+                    v.extend_from_slice(x);
+                }
+            }
+            return Ok(Value::Tensor(Tensor::from_slice(vec![v.len()], &v)?));
+        }
+        if cols.iter().all(|c| matches!(c, Column::Floats(_))) {
+            let mut v = Vec::with_capacity(len);
+            for c in &cols {
+                if let Column::Floats(x) = c {
+                    v.extend_from_slice(x);
+                }
+            }
+            return Ok(Value::Tensor(Tensor::from_slice(vec![v.len()], &v)?));
+        }
+    }
+    let mut values = Vec::with_capacity(len);
+    for c in cols {
+        values.extend(c.into_values());
+    }
+    if how == Collate::List {
+        return Ok(Value::List(values));
+    }
+    // The per-value rules; where they make a list of the values, it is these values
+    // moved, not a copy.
+    let kinds = |f: fn(&Value) -> bool| values.iter().all(f);
+    let numeric = kinds(|v| matches!(v, Value::Int(_)))
+        || kinds(|v| matches!(v, Value::Float(_)))
+        || kinds(|v| matches!(v, Value::Tensor(_)));
+    if numeric || how == Collate::Stack {
+        let refs: Vec<&Value> = values.iter().collect();
+        return collate_column(name, &refs, how);
+    }
+    Ok(Value::List(values))
+}
+
 fn collate_column(name: &str, col: &[&Value], how: Collate) -> Result<Value, Error> {
     let list = || Value::List(col.iter().map(|v| (*v).clone()).collect());
     if how == Collate::List {
@@ -497,6 +744,109 @@ mod tests {
             }
             v => panic!("{v:?}"),
         }
+    }
+
+    fn cols(names: &[&str], columns: Vec<Column>) -> Columns {
+        Columns::new(
+            names.iter().map(|n| Arc::<str>::from(*n)).collect(),
+            columns,
+        )
+        .unwrap()
+    }
+
+    fn rows_of(parts: &[Columns]) -> Vec<Sample> {
+        parts
+            .iter()
+            .flat_map(|p| (0..p.len()).map(move |i| p.row(i)))
+            .collect()
+    }
+
+    /// `from_columns` against `collate` of the same rows, under several policies.
+    fn same_as_rows(parts: Vec<Columns>) {
+        let policies = [
+            CollatePolicy::default(),
+            CollatePolicy {
+                default: Collate::List,
+                fields: vec![],
+            },
+            CollatePolicy {
+                default: Collate::Stack,
+                fields: vec![],
+            },
+            CollatePolicy {
+                default: Collate::Pad(-1.0),
+                fields: vec![("s".into(), Collate::List)],
+            },
+        ];
+        let rows = rows_of(&parts);
+        for p in &policies {
+            let want = Batch::collate(&rows, p).map_err(|e| e.to_string());
+            let got = Batch::from_columns(parts.clone(), p).map_err(|e| e.to_string());
+            assert_eq!(got, want, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn columns_collate_like_rows() {
+        let ints = |v: &[i64]| Column::Ints(v.to_vec());
+        let floats = |v: &[f64]| Column::Floats(v.to_vec());
+        let vals = |v: Vec<Value>| Column::Values(v);
+        // Plain numbers, split across parts.
+        same_as_rows(vec![
+            cols(&["a", "f"], vec![ints(&[1, 2]), floats(&[0.5, 1.5])]),
+            cols(&["a", "f"], vec![ints(&[3]), floats(&[2.5])]),
+        ]);
+        // A null among the ints in one part; strings; a float part after an int one.
+        same_as_rows(vec![
+            cols(
+                &["a", "s", "x"],
+                vec![
+                    ints(&[1, 2]),
+                    vals(vec!["p".into(), "q".into()]),
+                    ints(&[1, 2]),
+                ],
+            ),
+            cols(
+                &["a", "s", "x"],
+                vec![
+                    vals(vec![Value::Null, Value::Int(4)]),
+                    vals(vec!["r".into(), Value::Null]),
+                    floats(&[1.0, 2.0]),
+                ],
+            ),
+        ]);
+        // Tensors of one shape, and ragged ones.
+        let t = |n: usize| Value::Tensor(Tensor::from_slice(vec![n], &vec![1.0f32; n]).unwrap());
+        same_as_rows(vec![cols(&["v"], vec![vals(vec![t(2), t(2)])])]);
+        same_as_rows(vec![
+            cols(&["v"], vec![vals(vec![t(2)])]),
+            cols(&["v"], vec![vals(vec![t(3)])]),
+        ]);
+        // A later part without a field, and one with an extra field.
+        same_as_rows(vec![
+            cols(&["a", "b"], vec![ints(&[1]), ints(&[2])]),
+            cols(&["a"], vec![ints(&[3])]),
+        ]);
+        same_as_rows(vec![
+            cols(&["a"], vec![ints(&[1])]),
+            cols(&["b", "a"], vec![ints(&[3]), ints(&[2])]),
+        ]);
+        // Duplicate names (a rename onto an existing field): the first wins, as in `get`.
+        same_as_rows(vec![cols(&["a", "a"], vec![ints(&[1]), ints(&[2])])]);
+        // take_front splits without changing the rows.
+        let mut c = cols(
+            &["a", "s"],
+            vec![ints(&[1, 2, 3]), vals(vec!["x".into(); 3])],
+        );
+        let front = c.take_front(2);
+        assert_eq!((front.len(), c.len()), (2, 1));
+        assert_eq!(
+            rows_of(&[front, c]),
+            rows_of(&[cols(
+                &["a", "s"],
+                vec![ints(&[1, 2, 3]), vals(vec!["x".into(); 3])]
+            )])
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use stoker_core::{Error, Sample};
+use stoker_core::{Columns, Error, Sample};
 
 use crate::input::Input;
 
@@ -60,6 +60,37 @@ pub trait Format: Send + Sync + fmt::Debug {
 
     /// Starts reading `shard` from `input`.
     fn open(&self, shard: &ShardInfo, input: Input) -> Result<Box<dyn RecordReader>, Error>;
+
+    /// Whether [`Format::open_columns`] works: the format decodes whole columns (Parquet),
+    /// so a pipeline can batch its rows without making a sample of each.
+    fn reads_columns(&self) -> bool {
+        false
+    }
+
+    /// Starts reading `shard` as columns (see [`ColumnReader`]); an error for formats that
+    /// do not [`Format::reads_columns`].
+    fn open_columns(
+        &self,
+        shard: &ShardInfo,
+        input: Input,
+    ) -> Result<Box<dyn ColumnReader>, Error> {
+        let _ = input;
+        Err(
+            Error::invalid(format!("{} does not read columns", self.name()))
+                .with_object(shard.url.clone()),
+        )
+    }
+}
+
+/// Reads the rows of one object as [`Columns`], in order: the same rows, values and errors
+/// as [`RecordReader::next`] of the same object, only not one sample at a time. Row `i`
+/// of the concatenated chunks is what the `i`-th successful `next` would return
+/// ([`Columns::row`]), and an error stands where `next` would return it, for one call of
+/// `next` (what it skips after the error, it skips here too).
+pub trait ColumnReader: Send {
+    /// The next rows, at most `max` (at least one), or `None` at the end of the object.
+    /// Chunks may be shorter than `max` (a format returns what it decoded at once).
+    fn next_columns(&mut self, max: usize) -> Result<Option<Columns>, Error>;
 }
 
 /// Reads the samples of one object, in order.

@@ -24,5 +24,5 @@ pub mod parquet;
 pub mod tar;
 pub mod tfrecord;
 
-pub use format::{locate, Access, Format, RecordReader, ShardInfo};
+pub use format::{locate, Access, ColumnReader, Format, RecordReader, ShardInfo};
 pub use input::{ByteSource, ChunkCursor, Input, IterSource, RandomAccess};

@@ -24,6 +24,12 @@
 //! | `dictionary` of any supported type | the value type's value |
 //! | a null | `Null` |
 //!
+//! Read as columns ([`Format::open_columns`], what a pipeline's columnar path uses), each
+//! decoded Arrow batch becomes [`Columns`] instead of samples: integer, boolean, date and
+//! float columns without nulls as plain `i64`/`f64` vectors, any other column as the values
+//! above. The rows, values and errors are those of the row reader (the same decoder and
+//! batches; a test checks it).
+//!
 //! Any other type (structs, maps, decimals, times, durations) in a projected column is an
 //! [`Error::invalid`] when the reader opens, naming the column and type; project the
 //! columns you need with [`Parquet::columns`].
@@ -49,9 +55,9 @@ use parquet::arrow::ProjectionMask;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaDataReader};
 use parquet::file::reader::{ChunkReader, Length};
-use stoker_core::{DType, Error, Sample, Tensor, Value};
+use stoker_core::{Column, Columns, DType, Error, Sample, Tensor, Value};
 
-use crate::format::{locate, Access, Format, RecordReader, ShardInfo};
+use crate::format::{locate, Access, ColumnReader, Format, RecordReader, ShardInfo};
 use crate::input::{Input, RandomAccess};
 
 /// Rows decoded into Arrow arrays at a time (then into values, row by row).
@@ -87,6 +93,33 @@ impl Format for Parquet {
             .map(|r| Box::new(r) as Box<dyn RecordReader>)
             .map_err(|e| e.with_stage("parquet").with_object(shard.url.clone()))
     }
+
+    fn reads_columns(&self) -> bool {
+        true
+    }
+
+    /// The same reader, but each decoded Arrow batch becomes [`Columns`]: integer, boolean,
+    /// date and float columns without nulls as plain vectors (no value per row), others as
+    /// the values the row path makes.
+    fn open_columns(
+        &self,
+        shard: &ShardInfo,
+        input: Input,
+    ) -> Result<Box<dyn ColumnReader>, Error> {
+        let Input::Random(file) = input else {
+            return Err(Error::invalid(
+                "parquet reads by range and needs random access (Input::Random), not a stream",
+            )
+            .with_stage("parquet")
+            .with_object(shard.url.clone()));
+        };
+        ParquetReader::open(shard, file, self.columns.as_deref())
+            .map(|mut r| {
+                r.columnar = true;
+                Box::new(r) as Box<dyn ColumnReader>
+            })
+            .map_err(|e| e.with_stage("parquet").with_object(shard.url.clone()))
+    }
 }
 
 /// Reads a Parquet file row group by row group.
@@ -108,6 +141,8 @@ struct ParquetReader {
     /// Rows returned, skipped or failed so far.
     record: u64,
     group: Option<Group>,
+    /// Decode into [`Columns`] (for [`ColumnReader`]) rather than values per row.
+    columnar: bool,
 }
 
 /// The open row group.
@@ -121,6 +156,8 @@ struct Group {
     decoder: ParquetRecordBatchReader,
     /// The current batch, column-major in output order, and the next row in it.
     batch: Vec<Vec<Value>>,
+    /// The current batch as columns (columnar reading), its first `batch_row` rows gone.
+    cols: Option<Columns>,
     batch_len: usize,
     batch_row: usize,
 }
@@ -252,6 +289,7 @@ impl ParquetReader {
             next_group: 0,
             record: 0,
             group: None,
+            columnar: false,
         })
     }
 
@@ -319,6 +357,7 @@ impl ParquetReader {
             data,
             decoder,
             batch: Vec::new(),
+            cols: None,
             batch_len: 0,
             batch_row: 0,
         })
@@ -356,28 +395,26 @@ impl ParquetReader {
     }
 }
 
-impl RecordReader for ParquetReader {
-    fn next(&mut self) -> Result<Option<Sample>, Error> {
+impl ParquetReader {
+    /// Decodes the next Arrow batch of the open row group, opening the next group when it
+    /// is done: `Ok(true)` when a batch is ready (`batch` or `cols`), `Ok(false)` at the
+    /// end of the file. An error drops the rest of its row group (counted as failed rows).
+    fn advance(&mut self) -> Result<bool, Error> {
         loop {
             if let Some(g) = &mut self.group {
-                if g.batch_row < g.batch_len {
-                    let r = g.batch_row;
-                    g.batch_row += 1;
-                    self.record += 1;
-                    let mut s = Sample::with_capacity(self.names.len());
-                    for (name, col) in self.names.iter().zip(&mut g.batch) {
-                        s.insert(name.clone(), std::mem::replace(&mut col[r], Value::Null));
-                    }
-                    return Ok(Some(s));
-                }
                 match g.decoder.next() {
                     Some(Ok(rb)) => {
                         let at = self.record;
-                        match convert(&rb, &self.names, &self.order) {
-                            Ok(cols) => {
+                        let done = if self.columnar {
+                            to_columns(&rb, &self.names, &self.order).map(|c| g.cols = Some(c))
+                        } else {
+                            convert(&rb, &self.names, &self.order).map(|c| g.batch = c)
+                        };
+                        match done {
+                            Ok(()) => {
                                 g.batch_len = rb.num_rows();
                                 g.batch_row = 0;
-                                g.batch = cols;
+                                return Ok(true);
                             }
                             Err(msg) => {
                                 let e = Error::record(format!(
@@ -412,7 +449,7 @@ impl RecordReader for ParquetReader {
                 continue;
             }
             if self.next_group >= self.group_rows.len() {
-                return Ok(None);
+                return Ok(false);
             }
             let g = self.next_group;
             self.next_group += 1;
@@ -424,6 +461,47 @@ impl RecordReader for ParquetReader {
                     self.record += self.group_rows[g];
                     return Err(e);
                 }
+            }
+        }
+    }
+}
+
+impl ColumnReader for ParquetReader {
+    fn next_columns(&mut self, max: usize) -> Result<Option<Columns>, Error> {
+        loop {
+            if let Some(g) = &mut self.group {
+                if g.batch_row < g.batch_len {
+                    let n = (g.batch_len - g.batch_row).min(max.max(1));
+                    let c = g.cols.as_mut().expect("columnar reading").take_front(n);
+                    g.batch_row += n;
+                    self.record += n as u64;
+                    return Ok(Some(c));
+                }
+            }
+            if !self.advance()? {
+                return Ok(None);
+            }
+        }
+    }
+}
+
+impl RecordReader for ParquetReader {
+    fn next(&mut self) -> Result<Option<Sample>, Error> {
+        loop {
+            if let Some(g) = &mut self.group {
+                if g.batch_row < g.batch_len {
+                    let r = g.batch_row;
+                    g.batch_row += 1;
+                    self.record += 1;
+                    let mut s = Sample::with_capacity(self.names.len());
+                    for (name, col) in self.names.iter().zip(&mut g.batch) {
+                        s.insert(name.clone(), std::mem::replace(&mut col[r], Value::Null));
+                    }
+                    return Ok(Some(s));
+                }
+            }
+            if !self.advance()? {
+                return Ok(None);
             }
         }
     }
@@ -457,6 +535,7 @@ impl RecordReader for ParquetReader {
                         let g = self.group.as_mut().expect("open group");
                         g.decoder = d;
                         g.batch.clear();
+                        g.cols = None;
                         g.batch_len = 0;
                         g.batch_row = 0;
                         self.record += n;
@@ -623,6 +702,63 @@ fn convert(
         .zip(order)
         .map(|(name, &i)| values(rb.column(i)).map_err(|m| format!("column {name:?}: {m}")))
         .collect()
+}
+
+/// A batch as [`Columns`], in output order (the same values and errors as [`convert`]).
+fn to_columns(rb: &RecordBatch, names: &[Arc<str>], order: &[usize]) -> Result<Columns, String> {
+    let cols = names
+        .iter()
+        .zip(order)
+        .map(|(name, &i)| column(rb.column(i)).map_err(|m| format!("column {name:?}: {m}")))
+        .collect::<Result<Vec<Column>, String>>()?;
+    Columns::new(names.to_vec(), cols).map_err(|e| e.message)
+}
+
+fn ints<T: ArrowPrimitiveType>(a: &dyn Array, f: impl Fn(T::Native) -> i64) -> Column {
+    Column::Ints(
+        a.as_primitive::<T>()
+            .values()
+            .iter()
+            .map(|&v| f(v))
+            .collect(),
+    )
+}
+
+fn floats<T: ArrowPrimitiveType>(a: &dyn Array, f: impl Fn(T::Native) -> f64) -> Column {
+    Column::Floats(
+        a.as_primitive::<T>()
+            .values()
+            .iter()
+            .map(|&v| f(v))
+            .collect(),
+    )
+}
+
+/// One column: a plain vector for integers and floats without nulls (types whose
+/// conversion cannot fail), else the values of [`values`].
+fn column(a: &ArrayRef) -> Result<Column, String> {
+    let arr: &dyn Array = a.as_ref();
+    if arr.null_count() == 0 {
+        let c = match arr.data_type() {
+            DataType::Boolean => {
+                Column::Ints(arr.as_boolean().values().iter().map(i64::from).collect())
+            }
+            DataType::Int8 => ints::<Int8Type>(arr, i64::from),
+            DataType::Int16 => ints::<Int16Type>(arr, i64::from),
+            DataType::Int32 => ints::<Int32Type>(arr, i64::from),
+            DataType::Int64 => ints::<Int64Type>(arr, |v| v),
+            DataType::UInt8 => ints::<UInt8Type>(arr, i64::from),
+            DataType::UInt16 => ints::<UInt16Type>(arr, i64::from),
+            DataType::UInt32 => ints::<UInt32Type>(arr, i64::from),
+            DataType::Date32 => ints::<Date32Type>(arr, i64::from),
+            DataType::Float16 => floats::<Float16Type>(arr, |v| v.to_f64()),
+            DataType::Float32 => floats::<Float32Type>(arr, f64::from),
+            DataType::Float64 => floats::<Float64Type>(arr, |v| v),
+            _ => return values(a).map(Column::Values),
+        };
+        return Ok(c);
+    }
+    values(a).map(Column::Values)
 }
 
 fn prim<T: ArrowPrimitiveType>(a: &dyn Array, f: impl Fn(T::Native) -> Value) -> Vec<Value> {
@@ -836,4 +972,107 @@ fn lists(
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file as ranged reads from memory.
+    struct Mem(Bytes);
+
+    impl RandomAccess for Mem {
+        fn len(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn read_range(&self, start: u64, end: u64) -> io::Result<Bytes> {
+            Ok(self.0.slice(start as usize..end as usize))
+        }
+    }
+
+    const TABLE: &[u8] = include_bytes!("../tests/fixtures/table.snappy.parquet");
+
+    /// What the row reader gives: rows and errors (as text), in order.
+    fn by_rows(f: &Parquet, data: &Bytes) -> Vec<Result<Sample, String>> {
+        let shard = ShardInfo::new("t", "s3://b/t");
+        let mut r = match f.open(&shard, Input::Random(Arc::new(Mem(data.clone())))) {
+            Ok(r) => r,
+            Err(e) => return vec![Err(e.to_string())],
+        };
+        let mut out = Vec::new();
+        for _ in 0..10_000 {
+            match r.next() {
+                Ok(Some(s)) => out.push(Ok(s)),
+                Ok(None) => return out,
+                Err(e) => out.push(Err(e.to_string())),
+            }
+        }
+        panic!("no end");
+    }
+
+    /// The same through `next_columns(max)`.
+    fn by_columns(f: &Parquet, data: &Bytes, max: usize) -> Vec<Result<Sample, String>> {
+        let shard = ShardInfo::new("t", "s3://b/t");
+        let mut r = match f.open_columns(&shard, Input::Random(Arc::new(Mem(data.clone())))) {
+            Ok(r) => r,
+            Err(e) => return vec![Err(e.to_string())],
+        };
+        let mut out = Vec::new();
+        for _ in 0..10_000 {
+            match r.next_columns(max) {
+                Ok(Some(c)) => {
+                    assert!(!c.is_empty() && c.len() <= max.max(1));
+                    out.extend((0..c.len()).map(|i| Ok(c.row(i))));
+                }
+                Ok(None) => return out,
+                Err(e) => out.push(Err(e.to_string())),
+            }
+        }
+        panic!("no end");
+    }
+
+    #[test]
+    fn columns_hold_the_rows_and_errors_of_the_row_reader() {
+        let table = Bytes::from_static(TABLE);
+        // A copy with the second row group's column chunks overwritten: that group fails
+        // to decode, the others read.
+        let mut broken = TABLE.to_vec();
+        let meta = ParquetMetaDataReader::new()
+            .parse_and_finish(&table)
+            .unwrap();
+        for c in meta.row_group(1).columns() {
+            let (start, end) = chunk_range(c).unwrap();
+            for b in &mut broken[start as usize..end as usize] {
+                *b = 0xff;
+            }
+        }
+        let broken = Bytes::from(broken);
+        let projections = [
+            None,
+            Some(vec!["maybe".to_string(), "id".into(), "name".into()]),
+            Some(vec![
+                "score".to_string(),
+                "flag".into(),
+                "vec".into(),
+                "ts".into(),
+            ]),
+        ];
+        for columns in projections {
+            let f = Parquet {
+                columns: columns.clone(),
+            };
+            for data in [&table, &broken] {
+                let want = by_rows(&f, data);
+                assert!(
+                    want.iter().filter(|r| r.is_ok()).count() >= 30,
+                    "{columns:?}"
+                );
+                for max in [1, 3, 7, 10, 1000] {
+                    assert_eq!(by_columns(&f, data, max), want, "{columns:?}, max {max}");
+                }
+            }
+            let want = by_rows(&f, &broken);
+            assert!(want.iter().any(|r| r.is_err()), "{want:?}");
+        }
+    }
 }

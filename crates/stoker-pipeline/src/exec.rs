@@ -13,6 +13,13 @@
 //! output does not depend on the number of workers or their timing. Every random choice is
 //! a pure function of (seed, epoch, position), see [`crate::rng`].
 //!
+//! **The columnar path.** For a format that decodes columns (Parquet) with a `batch` first
+//! (at most `rename`/`select`/`drop` before it) and one shard at a time, the source cuts
+//! the decoded columns into the batch's rows itself and emits one item per batch, which a
+//! worker collates ([`Batch::from_columns`]) and the tail passes on as that batch stage's
+//! output. The batches, positions and errors are the row path's (see `source`; the choice
+//! and its reason are in [`explain`]); the window then counts batches.
+//!
 //! **Memory.** Every queue is bounded, and the source may not run more than `window`
 //! samples ahead of the tail: a slow consumer stops the whole pipeline, it never grows it.
 //!
@@ -35,12 +42,13 @@ use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
 use stoker_core::{Batch, CollatePolicy, Error, MemoryBudget, Reservation, Sample};
 
+use crate::ops::Builtin;
 use crate::ops::{OpContext, SampleOp};
 use crate::pack::{Pack, PackStage, BLOCK_SHARD};
-use crate::plan::{ErrorPolicy, Op, Pipeline};
+use crate::plan::{ErrorPolicy, FormatChoice, Op, Pipeline};
 use crate::rng::Rng;
 use crate::source::{
-    materialize, run_source, Dataset, Element, Pos, Produced, SourceConfig, SourceCursor,
+    materialize, run_source, Columnar, Dataset, Element, Pos, Produced, SourceConfig, SourceCursor,
 };
 use crate::stats::{StageCounters, Stats, StatsHub};
 
@@ -316,14 +324,105 @@ fn fuse_kernels(
     out
 }
 
+/// How the source reads a format that decodes columns (Parquet).
+enum ReadPath {
+    /// The format reads rows only: no choice to make.
+    RowsOnly,
+    /// Rows as samples, for this reason.
+    Rows(String),
+    /// Columns straight into the first batch.
+    Columnar(Columnar),
+}
+
+/// The columnar path (see `source`) when it gives exactly what the row path gives: a
+/// format that decodes columns, the shards read one at a time (no interleave, no rank
+/// split, no sample cache), and a `batch` first, with at most `rename`/`select`/`drop`
+/// before it (they only move names). Anything else that works per sample before the batch
+/// (a map, a filter, a shuffle buffer, take/skip) needs the samples: the row path.
+fn read_path(p: &Pipeline, ph: &Physical) -> ReadPath {
+    let FormatChoice::Fixed(f) = &p.format else {
+        return ReadPath::RowsOnly;
+    };
+    if !f.reads_columns() || matches!(p.source, crate::plan::Source::Memory(_)) {
+        return ReadPath::RowsOnly;
+    }
+    let why = if !p.options.columnar {
+        Some("the columnar path is turned off (options.columnar = false)".to_string())
+    } else if p.cycle > 1 {
+        Some(format!(
+            "interleave = {} takes rows from {} shards in turn",
+            p.cycle, p.cycle
+        ))
+    } else if p.rank.is_some_and(|r| r.world > 1) {
+        Some("the rank split deals rows out one round at a time".into())
+    } else if p.cache {
+        Some("cache keeps parsed samples".into())
+    } else if let Some((_, op)) = ph.producer.iter().find(|(_, op)| {
+        !matches!(
+            op.as_builtin(),
+            Some(Builtin::Rename { .. } | Builtin::Select { .. } | Builtin::Drop { .. })
+        )
+    }) {
+        Some(format!(
+            "{} runs on each sample before the batch",
+            op.meta().name
+        ))
+    } else {
+        match ph.tail.first() {
+            None => Some("there is no batch: the pipeline yields samples".into()),
+            Some(TailOp::Batch(size, drop_last, collate)) => {
+                return ReadPath::Columnar(Columnar {
+                    size: *size,
+                    drop_last: *drop_last,
+                    collate: Arc::new(collate.clone()),
+                    ops: ph.producer.clone(),
+                })
+            }
+            Some(t) => Some(format!(
+                "{} comes before the batch and needs samples",
+                t.name()
+            )),
+        }
+    };
+    ReadPath::Rows(why.unwrap_or_default())
+}
+
 /// Describes the plan the optimizer produces for `p` (stage names and its reasons).
 pub fn explain(p: &Pipeline) -> String {
-    let ph = optimize(&p.ops);
+    let mut ph = optimize(&p.ops);
     let mut s = String::from("logical:\n");
     for op in &p.ops {
         s.push_str(&format!("  {}\n", op_name(op)));
     }
-    s.push_str("physical:\n  source\n");
+    match read_path(p, &ph) {
+        ReadPath::RowsOnly => s.push_str("physical:\n  source\n"),
+        ReadPath::Rows(why) => {
+            s.push_str("physical:\n  source (rows)\n");
+            ph.explain.push(format!(
+                "rows: each row becomes a sample, because {why} (the columnar path needs \
+                 a batch first, at most rename/select/drop before it, and one shard at a \
+                 time)"
+            ));
+        }
+        ReadPath::Columnar(c) => {
+            s.push_str(&format!(
+                "physical:\n  source (columnar: batches of {}{})\n",
+                c.size,
+                if c.ops.is_empty() {
+                    String::new()
+                } else {
+                    format!(", with {}", producer_name(&c.ops))
+                }
+            ));
+            ph.explain.push(format!(
+                "columnar: the source cuts decoded columns into batches of {} across row \
+                 groups and files and the workers collate them, with no sample per row \
+                 (the same batches as the row path)",
+                c.size
+            ));
+            ph.producer.clear();
+        }
+    }
     if !ph.producer.is_empty() {
         s.push_str(&format!("  workers: {}\n", producer_name(&ph.producer)));
     }
@@ -467,6 +566,7 @@ pub struct Run {
     samples: u64,
     done: bool,
     resumable: Result<(), String>,
+    columnar: bool,
     budget: MemoryBudget,
     store: Option<stoker_store::Store>,
     shards: usize,
@@ -529,12 +629,26 @@ impl Run {
             });
         }
         let ds = Arc::new(ds);
-        let ph = optimize(&p.ops);
+        let mut ph = optimize(&p.ops);
+        let columnar = match read_path(p, &ph) {
+            ReadPath::Columnar(c) => {
+                // The structural operators run in the source, on each chunk's names.
+                ph.producer.clear();
+                Some(Arc::new(c))
+            }
+            _ => None,
+        };
+        // The window counts what the source emits: batches on the columnar path.
+        let window = match &columnar {
+            Some(c) => (p.options.window / c.size).max(2),
+            None => p.options.window,
+        };
         let cfg = SourceConfig {
             shuffle_shards: p.shuffle_shards,
             cycle: p.cycle,
             rank: p.rank,
             seed: p.seed,
+            columnar,
         };
         if let Some(s) = &state {
             if s.seed != p.seed || s.version != STATE_VERSION || s.stages.len() != ph.tail.len() {
@@ -634,24 +748,30 @@ impl Run {
 
         // Hand-offs carry chunks of up to CHUNK samples: one wake-up per chunk, not per
         // sample (measured: per-sample hand-offs cost 6-10 us a sample, docs/benchmarks.md).
-        let (work_tx, work_rx) = bounded::<(u64, Vec<Produced>)>((p.options.window / CHUNK).max(2));
+        let (work_tx, work_rx) = bounded::<(u64, Vec<Produced>)>((window / CHUNK).max(2));
         let (done_tx, done_rx) = unbounded::<Done>();
         let (out_tx, out_rx) = bounded::<Vec<OutMsg>>(ph.prefetch);
         let producer = Arc::new(ph.producer.clone());
         let mut handles = Vec::new();
         let map_stage = (!ph.producer.is_empty()).then(|| shared.stats.stage(1));
+        // On the columnar path the workers collate: their time is the batch stage's.
+        let collate_stage = cfg.columnar.is_some().then(|| shared.stats.stage(1));
         for w in 0..threads {
             let rx = work_rx.clone();
             let tx = done_tx.clone();
             let producer = producer.clone();
             let shared = shared.clone();
             let stage = map_stage.clone();
+            let collating = collate_stage.clone();
             let seed = p.seed;
             let ds = ds.clone();
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("stoker-cpu-{w}"))
-                    .spawn(move || worker(w, rx, tx, &producer, &shared, stage, seed, &ds))
+                    .spawn(move || {
+                        let stages = (stage, collating);
+                        worker(w, rx, tx, &producer, &shared, stages, seed, &ds)
+                    })
                     .expect("spawn worker"),
             );
         }
@@ -667,7 +787,7 @@ impl Run {
             epochs: p.epochs,
             policy: p.options.errors,
             deterministic: p.options.deterministic,
-            window: p.options.window as u64,
+            window: window as u64,
             threads,
             autotune: p.options.autotune,
             state: state.clone(),
@@ -690,6 +810,7 @@ impl Run {
             start: start_state,
             done: false,
             resumable,
+            columnar: collate_stage.is_some(),
             budget,
             store: ds.store.clone(),
             shards: ds.shards.len(),
@@ -703,6 +824,12 @@ impl Run {
         self.shared
             .stats
             .snapshot(&self.budget, self.store.as_ref())
+    }
+
+    /// Whether the source reads columns straight into batches (the columnar path; see
+    /// [`Pipeline::explain`] for why or why not).
+    pub fn columnar(&self) -> bool {
+        self.columnar
     }
 
     /// Number of shards (objects) in the dataset.
@@ -848,7 +975,7 @@ impl Drop for Run {
 }
 
 enum Done {
-    Items(Vec<(u64, Result<Option<Element>, Error>)>),
+    Items(Vec<(u64, Result<Option<Flow>, Error>)>),
     SourceEnd { next_seq: u64 },
     Fatal(Error),
 }
@@ -867,7 +994,7 @@ fn worker(
     tx: Sender<Done>,
     producer: &[(usize, Arc<dyn SampleOp>)],
     shared: &Shared,
-    stage: Option<Arc<StageCounters>>,
+    (stage, collating): (Option<Arc<StageCounters>>, Option<Arc<StageCounters>>),
     seed: u64,
     ds: &Dataset,
 ) {
@@ -897,7 +1024,8 @@ fn worker(
         let mut results = Vec::with_capacity(chunk.len());
         let n = chunk.len() as u64;
         for p in chunk {
-            results.push(run_one(p, producer, seed, epoch, ds, stage.as_deref()));
+            let stages = (stage.as_deref(), collating.as_deref());
+            results.push(run_one(p, producer, seed, epoch, ds, stages));
         }
         let busy = t1.elapsed().as_nanos() as u64;
         if let Some(s) = &stage {
@@ -922,8 +1050,8 @@ fn run_one(
     seed: u64,
     epoch: u64,
     ds: &Dataset,
-    stage: Option<&StageCounters>,
-) -> (u64, Result<Option<Element>, Error>) {
+    (stage, collating): (Option<&StageCounters>, Option<&StageCounters>),
+) -> (u64, Result<Option<Flow>, Error>) {
     let (seq, result) = match p {
         Produced::Fail { seq, pos, error } => (
             seq,
@@ -931,6 +1059,22 @@ fn run_one(
                 .with_object(ds.shards[pos.shard as usize].url.clone())
                 .with_record(pos.record)),
         ),
+        // A batch's rows (columnar path): collated here, in parallel, not on the tail.
+        Produced::Rows {
+            seq,
+            positions,
+            parts,
+            collate,
+            hold,
+        } => {
+            let t0 = Instant::now();
+            let r =
+                Batch::from_columns(parts, &collate).map(|b| Some(Flow::Batch(b, positions, hold)));
+            if let Some(c) = collating {
+                c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
+            }
+            return (seq, r);
+        }
         Produced::Elem(el) => {
             let seq = el.seq;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -944,7 +1088,8 @@ fn run_one(
                         panic_message(&p),
                         producer_name(producer)
                     )))
-                }),
+                })
+                .map(|el| el.map(Flow::Elem)),
             )
         }
     };
@@ -1131,8 +1276,28 @@ impl TailCtx {
                                 let now = Instant::now();
                                 // The sample's bytes count against the budget until the
                                 // consumer takes it: a full budget stops the source.
-                                if let Produced::Elem(e) = &mut p {
-                                    let n = e.sample.size_bytes() as u64;
+                                let held = match &mut p {
+                                    Produced::Elem(e) => Some((
+                                        e.sample.size_bytes() as u64,
+                                        &mut e.hold,
+                                        e.seq,
+                                        e.pos,
+                                    )),
+                                    Produced::Rows {
+                                        parts,
+                                        hold,
+                                        seq,
+                                        positions,
+                                        ..
+                                    } => Some((
+                                        parts.iter().map(|c| c.size_bytes() as u64).sum(),
+                                        hold,
+                                        *seq,
+                                        positions[0],
+                                    )),
+                                    Produced::Fail { .. } => None,
+                                };
+                                if let Some((n, slot, seq, pos)) = held {
                                     let hold = budget.try_reserve(n).or_else(|| {
                                         rt.block_on(async {
                                             tokio::time::timeout(BUDGET_WAIT, budget.reserve(n))
@@ -1141,7 +1306,7 @@ impl TailCtx {
                                         .ok()
                                     });
                                     match hold {
-                                        Some(h) => e.hold = Some(h),
+                                        Some(h) => *slot = Some(h),
                                         None => {
                                             let error = Error::invalid(format!(
                                                 "the memory budget ({} MiB) stayed full for {} s: \
@@ -1151,15 +1316,24 @@ impl TailCtx {
                                                 budget.limit() >> 20,
                                                 BUDGET_WAIT.as_secs()
                                             ));
-                                            let (seq, pos) = (e.seq, e.pos);
                                             p = Produced::Fail { seq, pos, error };
                                         }
                                     }
                                 }
                                 stage.add(&stage.busy_ns, (now - last).as_nanos() as u64);
-                                stage.add(&stage.items_out, 1);
-                                if let Produced::Elem(e) = &p {
-                                    stage.add(&stage.bytes, e.sample.size_bytes() as u64);
+                                match &p {
+                                    Produced::Elem(e) => {
+                                        stage.add(&stage.items_out, 1);
+                                        stage.add(&stage.bytes, e.sample.size_bytes() as u64);
+                                    }
+                                    Produced::Rows {
+                                        parts, positions, ..
+                                    } => {
+                                        stage.add(&stage.items_out, positions.len() as u64);
+                                        let b: usize = parts.iter().map(|c| c.size_bytes()).sum();
+                                        stage.add(&stage.bytes, b as u64);
+                                    }
+                                    Produced::Fail { .. } => stage.add(&stage.items_out, 1),
                                 }
                                 let seq = p.seq();
                                 next_seq = seq + 1;
@@ -1358,7 +1532,7 @@ impl TailRun<'_> {
         let ctx = self.ctx;
         let mut next = first;
         let mut end: Option<u64> = None;
-        let mut pending: BTreeMap<u64, Result<Option<Element>, Error>> = BTreeMap::new();
+        let mut pending: BTreeMap<u64, Result<Option<Flow>, Error>> = BTreeMap::new();
         // Without determinism, results are numbered as they arrive.
         let mut arrived = first;
         while end != Some(next) {
@@ -1398,7 +1572,8 @@ impl TailRun<'_> {
                 self.last_seq = Some(next);
                 next += 1;
                 match result {
-                    Ok(Some(el)) => self.push(0, Flow::Elem(el)),
+                    Ok(Some(Flow::Elem(el))) => self.push(0, Flow::Elem(el)),
+                    Ok(Some(batch)) => self.push_batched(batch),
                     Ok(None) => {}
                     Err(e) => self.error(e),
                 }
@@ -1411,6 +1586,19 @@ impl TailRun<'_> {
                 ctx.shared.tail_moved.notify_all();
             }
         }
+    }
+
+    /// A batch the source made (columnar path) passes the first stage, the batch it
+    /// stands for, as that stage would have made it.
+    fn push_batched(&mut self, batch: Flow) {
+        let Flow::Batch(b, ..) = &batch else {
+            return self.push(0, batch);
+        };
+        debug_assert!(matches!(self.stages.first(), Some(Stage::Batch { .. })));
+        let c = self.counters(0);
+        c.add(&c.items_in, b.len() as u64);
+        c.add(&c.items_out, 1);
+        self.push(1, batch);
     }
 
     /// Ends the run with `e`, after what was finished before it.

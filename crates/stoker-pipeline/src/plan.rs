@@ -134,6 +134,10 @@ pub struct RunOptions {
     pub memory_limit: Option<u64>,
     /// Samples in flight between the source and the consumer (reorder window).
     pub window: usize,
+    /// Let a format that decodes columns (Parquet) build the first `batch` itself, straight
+    /// from its columns, when the result is the same (default true; see `docs/pipeline.md`,
+    /// "The columnar path"). False always reads rows as samples.
+    pub columnar: bool,
 }
 
 impl Default for RunOptions {
@@ -145,6 +149,7 @@ impl Default for RunOptions {
             errors: ErrorPolicy::Raise,
             memory_limit: None,
             window: 1024,
+            columnar: true,
         }
     }
 }
@@ -178,6 +183,11 @@ impl RunOptions {
     /// Sets the reorder window.
     pub fn with_window(mut self, n: usize) -> Self {
         self.window = n.max(1);
+        self
+    }
+    /// Allows or forbids the columnar path.
+    pub fn with_columnar(mut self, on: bool) -> Self {
+        self.columnar = on;
         self
     }
 }

@@ -16,16 +16,26 @@
 //!
 //! Every sample leaves with its position (global shard index, record index) and a sequence
 //! number; the cursor after each emission is what a checkpoint resumes from.
+//!
+//! **The columnar path** (a format that decodes columns, one shard at a time, a `batch`
+//! first; the executor decides, see `exec`): the shards are read in the same order, but as
+//! [`Columns`] chunks, and the source cuts them into the batch's rows itself, across row
+//! groups and files, and emits one [`Produced::Rows`] per batch (collated by a worker).
+//! Positions and the cursor count exactly as above (a row, or an error, is one record of
+//! its shard), so the batches, their positions and the errors between them are those the
+//! row path makes; a checkpoint always falls after a whole batch, and a restored run skips
+//! the consumed records of the open shard as the row path does.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use stoker_core::{Error, Sample};
+use stoker_core::{CollatePolicy, Columns, Error, Sample};
 use stoker_formats::files::{Files, ImageFolder};
 use stoker_formats::{Access, ByteSource, ChunkCursor, Format, Input, RandomAccess, ShardInfo};
 use stoker_store::{FetchManyOptions, ListOptions, Store};
 
+use crate::ops::{OpContext, SampleOp};
 use crate::plan::{FormatChoice, RankPolicy, RankSplit, Source};
 use crate::rng::permutation;
 
@@ -54,23 +64,47 @@ pub(crate) struct Element {
 #[derive(Debug)]
 pub(crate) enum Produced {
     Elem(Element),
-    Fail { seq: u64, pos: Pos, error: Error },
+    Fail {
+        seq: u64,
+        pos: Pos,
+        error: Error,
+    },
+    /// The rows of one batch (columnar path), to collate under `collate`.
+    Rows {
+        seq: u64,
+        positions: Vec<Pos>,
+        parts: Vec<Columns>,
+        collate: Arc<CollatePolicy>,
+        hold: Option<stoker_core::Reservation>,
+    },
 }
 
 impl Produced {
     fn set_seq(&mut self, s: u64) {
         match self {
             Produced::Elem(e) => e.seq = s,
-            Produced::Fail { seq, .. } => *seq = s,
+            Produced::Fail { seq, .. } | Produced::Rows { seq, .. } => *seq = s,
         }
     }
 
     pub(crate) fn seq(&self) -> u64 {
         match self {
             Produced::Elem(e) => e.seq,
-            Produced::Fail { seq, .. } => *seq,
+            Produced::Fail { seq, .. } | Produced::Rows { seq, .. } => *seq,
         }
     }
+}
+
+/// The columnar path's batching (see the module docs): the first `batch` of the plan,
+/// with the structural operators before it.
+#[derive(Debug)]
+pub(crate) struct Columnar {
+    pub size: usize,
+    pub drop_last: bool,
+    pub collate: Arc<CollatePolicy>,
+    /// `rename`/`select`/`drop`, with their places in the plan: applied to each chunk's
+    /// field names.
+    pub ops: Vec<(usize, Arc<dyn SampleOp>)>,
 }
 
 /// Where the source is in an epoch (serialisable, small).
@@ -318,6 +352,8 @@ pub(crate) struct SourceConfig {
     pub cycle: usize,
     pub rank: Option<RankSplit>,
     pub seed: u64,
+    /// Read columns and emit whole batches (only with `cycle` 1, no rank split).
+    pub columnar: Option<Arc<Columnar>>,
 }
 
 const SHARD_ORDER: u64 = 0x0053_4841_5244;
@@ -511,7 +547,9 @@ pub(crate) fn run_source(
     emit: &mut dyn FnMut(Produced, &SourceCursor) -> bool,
 ) {
     let order = epoch_order(ds, cfg, epoch);
-    if ds.per_object {
+    if let Some(c) = &cfg.columnar {
+        run_columnar(ds, c, &order, &mut cursor, emit);
+    } else if ds.per_object {
         run_per_object(ds, &order, &mut cursor, emit);
     } else {
         run_shards(ds, cfg, &order, &mut cursor, emit);
@@ -733,6 +771,294 @@ fn run_shards(
     });
     let mut out = own.into_iter().chain(fails.drain(..).map(fail));
     emit_all(cursor, &slots, &mut out);
+}
+
+enum ColumnMsg {
+    Rows(Columns),
+    Err(Error),
+    End,
+}
+
+/// Decoded bytes a columnar shard reader may hold ahead of the source: enough for a few
+/// row groups of a narrow table (so the next row group is fetched while this one is cut),
+/// a bound for wide ones (at least one chunk always goes).
+const COLUMNS_AHEAD_BYTES: u64 = 8 << 20;
+
+/// The decoded bytes a shard reader has sent and the source not yet taken.
+#[derive(Default)]
+struct AheadGate {
+    bytes: parking_lot::Mutex<u64>,
+    moved: parking_lot::Condvar,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl AheadGate {
+    /// Waits until `n` more bytes fit (false once the source is gone).
+    fn admit(&self, n: u64) -> bool {
+        let mut b = self.bytes.lock();
+        while *b > 0 && *b + n > COLUMNS_AHEAD_BYTES {
+            if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+                return false;
+            }
+            self.moved
+                .wait_for(&mut b, std::time::Duration::from_millis(50));
+        }
+        *b += n;
+        true
+    }
+
+    fn release(&self, n: u64) {
+        let mut b = self.bytes.lock();
+        *b = b.saturating_sub(n);
+        self.moved.notify_all();
+    }
+}
+
+/// A shard being read as columns: the reader thread's messages and its gate.
+struct ColumnShard {
+    rx: crossbeam_channel::Receiver<ColumnMsg>,
+    gate: Arc<AheadGate>,
+}
+
+impl ColumnShard {
+    fn recv(&self) -> ColumnMsg {
+        let m = self.rx.recv().unwrap_or(ColumnMsg::End);
+        if let ColumnMsg::Rows(c) = &m {
+            self.gate.release(c.size_bytes() as u64);
+        }
+        m
+    }
+}
+
+impl Drop for ColumnShard {
+    fn drop(&mut self) {
+        self.gate
+            .closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.gate.moved.notify_all();
+    }
+}
+
+/// Reads shard `id` as columns on its own thread, after skipping `skip` records (rows or
+/// errors, as the row reader counts them), up to [`COLUMNS_AHEAD_BYTES`] ahead.
+fn spawn_column_reader(ds: &Arc<Dataset>, id: u32, skip: u64) -> ColumnShard {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let gate = Arc::new(AheadGate::default());
+    let ds = ds.clone();
+    let g = gate.clone();
+    std::thread::Builder::new()
+        .name("stoker-shard".into())
+        .spawn(move || {
+            let shard = &ds.shards[id as usize];
+            let reader = open_input(&ds, id).and_then(|input| ds.format.open_columns(shard, input));
+            let mut reader = match reader {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = tx.send(ColumnMsg::Err(e.with_object(shard.url.clone())));
+                    let _ = tx.send(ColumnMsg::End);
+                    return;
+                }
+            };
+            // Records before the checkpoint were delivered (or reported) already.
+            let mut left = skip;
+            while left > 0 {
+                match reader.next_columns(left.min(usize::MAX as u64) as usize) {
+                    Ok(Some(c)) => left -= (c.len() as u64).min(left),
+                    Ok(None) => break,
+                    Err(_) => left -= 1,
+                }
+            }
+            loop {
+                let msg = match reader.next_columns(usize::MAX) {
+                    Ok(Some(c)) => {
+                        if !g.admit(c.size_bytes() as u64) {
+                            return;
+                        }
+                        ColumnMsg::Rows(c)
+                    }
+                    Ok(None) => ColumnMsg::End,
+                    Err(e) => ColumnMsg::Err(e.with_object(shard.url.clone())),
+                };
+                let end = matches!(msg, ColumnMsg::End);
+                if tx.send(msg).is_err() || end {
+                    return;
+                }
+            }
+        })
+        .expect("spawn shard reader");
+    ColumnShard { rx, gate }
+}
+
+/// A chunk after the structural operators. They only move names, so they run once, on a
+/// sample whose values are the column indices: the result tells which column each output
+/// field holds, or gives the error every row of the chunk would give (with the stage).
+fn restructure(c: Columns, ops: &[(usize, Arc<dyn SampleOp>)]) -> Result<Columns, Error> {
+    if ops.is_empty() {
+        return Ok(c);
+    }
+    let mut probe = Sample::with_capacity(c.names.len());
+    for (k, n) in c.names.iter().enumerate() {
+        probe.insert(n.clone(), k as i64);
+    }
+    for (i, op) in ops {
+        let mut ctx = OpContext::new(0, 0, 0, 0, *i);
+        probe = match op.apply(probe, &mut ctx) {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                return Err(Error::invalid(
+                    "the operator dropped a sample but does not declare itself a filter \
+                     (OpMeta::filter)",
+                )
+                .with_stage(op.meta().name))
+            }
+            Err(e) => return Err(e.with_stage(op.meta().name)),
+        };
+    }
+    let mut cols: Vec<Option<stoker_core::Column>> = c.columns.into_iter().map(Some).collect();
+    let mut names = Vec::with_capacity(probe.len());
+    let mut columns = Vec::with_capacity(probe.len());
+    for (name, v) in probe.iter() {
+        let k = v.as_int().expect("a column index") as usize;
+        names.push(name.clone());
+        columns.push(cols[k].take().expect("each column once"));
+    }
+    Columns::new(names, columns)
+}
+
+/// Shards the columnar path opens ahead of the one it consumes.
+const SHARDS_AHEAD: usize = 3;
+
+/// The columnar path (see the module docs): one shard at a time, rows cut into batches of
+/// `col.size` across shard boundaries.
+fn run_columnar(
+    ds: &Arc<Dataset>,
+    col: &Columnar,
+    order: &[u32],
+    cursor: &mut SourceCursor,
+    emit: &mut dyn FnMut(Produced, &SourceCursor) -> bool,
+) {
+    struct Open {
+        order_index: u64,
+        consumed: u64,
+        rx: ColumnShard,
+    }
+    let open = |i: u64, skip: u64| Open {
+        order_index: i,
+        consumed: skip,
+        rx: spawn_column_reader(ds, order[i as usize], skip),
+    };
+    // The next shards are opened ahead (their footers and first row groups fetched while
+    // this one is cut into batches); the cursor counts only the shard being consumed.
+    let mut ahead: std::collections::VecDeque<Open> = std::collections::VecDeque::new();
+    let fill_ahead = |ahead: &mut std::collections::VecDeque<Open>, next: u64| {
+        let mut j = next + ahead.len() as u64;
+        while ahead.len() < SHARDS_AHEAD && (j as usize) < order.len() {
+            ahead.push_back(open(j, 0));
+            j += 1;
+        }
+    };
+    let mut slot = if cursor.slots.is_empty() && cursor.next == 0 {
+        (!order.is_empty()).then(|| {
+            cursor.next = 1;
+            open(0, 0)
+        })
+    } else {
+        cursor.slots.first().map(|&(i, c)| open(i, c))
+    };
+    let mut send = |cursor: &mut SourceCursor, slot: &Option<Open>, mut p: Produced| -> bool {
+        cursor.slots = slot.iter().map(|s| (s.order_index, s.consumed)).collect();
+        cursor.rr = 0;
+        p.set_seq(cursor.emitted);
+        cursor.emitted += 1;
+        emit(p, cursor)
+    };
+    fill_ahead(&mut ahead, cursor.next);
+    // The batch being filled.
+    let mut parts: Vec<Columns> = Vec::new();
+    let mut positions: Vec<Pos> = Vec::with_capacity(col.size);
+    let mut rows = 0usize;
+    let batch = |parts: &mut Vec<Columns>, positions: &mut Vec<Pos>| Produced::Rows {
+        seq: 0,
+        positions: std::mem::replace(positions, Vec::with_capacity(col.size)),
+        parts: std::mem::take(parts),
+        collate: col.collate.clone(),
+        hold: None,
+    };
+    while let Some(s) = slot.as_mut() {
+        let shard = order[s.order_index as usize];
+        match s.rx.recv() {
+            ColumnMsg::Rows(c) => {
+                let n = c.len();
+                let mut c = match restructure(c, &col.ops) {
+                    Ok(c) => c,
+                    Err(error) => {
+                        // Every row fails, as it would on the workers.
+                        for _ in 0..n {
+                            let s = slot.as_mut().expect("open");
+                            let pos = Pos {
+                                shard,
+                                record: s.consumed,
+                            };
+                            s.consumed += 1;
+                            cursor.stream_index += 1;
+                            let error = error.clone();
+                            if !send(cursor, &slot, Produced::Fail { seq: 0, pos, error }) {
+                                return;
+                            }
+                        }
+                        continue;
+                    }
+                };
+                while !c.is_empty() {
+                    let s = slot.as_mut().expect("open");
+                    let n = c.len().min(col.size - rows);
+                    let part = c.take_front(n);
+                    positions.extend((0..n as u64).map(|k| Pos {
+                        shard,
+                        record: s.consumed + k,
+                    }));
+                    s.consumed += n as u64;
+                    cursor.stream_index += n as u64;
+                    rows += n;
+                    parts.push(part);
+                    if rows == col.size {
+                        rows = 0;
+                        let p = batch(&mut parts, &mut positions);
+                        if !send(cursor, &slot, p) {
+                            return;
+                        }
+                    }
+                }
+            }
+            ColumnMsg::Err(error) => {
+                let pos = Pos {
+                    shard,
+                    record: s.consumed,
+                };
+                s.consumed += 1;
+                if !send(cursor, &slot, Produced::Fail { seq: 0, pos, error }) {
+                    return;
+                }
+            }
+            ColumnMsg::End => {
+                slot = ((cursor.next as usize) < order.len()).then(|| {
+                    cursor.next += 1;
+                    match ahead.pop_front() {
+                        Some(o) => {
+                            debug_assert_eq!(o.order_index, cursor.next - 1);
+                            o
+                        }
+                        None => open(cursor.next - 1, 0),
+                    }
+                });
+            }
+        }
+        fill_ahead(&mut ahead, cursor.next);
+    }
+    if rows > 0 && !col.drop_last {
+        let p = batch(&mut parts, &mut positions);
+        send(cursor, &slot, p);
+    }
 }
 
 /// Reads the samples at `positions` again (to rebuild a shuffle buffer or a partial batch

@@ -32,6 +32,7 @@
 //! threads = 8
 //! errors = "skip"                    # or "raise"
 //! memory_limit = "2GiB"
+//! columnar = true                    # Parquet straight into batches when identical
 //!
 //! [store]                            # store options, the same keys as `--option`
 //! endpoint = "http://127.0.0.1:9000"
@@ -154,6 +155,9 @@ pub struct OptionsSpec {
     /// The memory budget (`2GiB`).
     #[serde(default)]
     pub memory_limit: Option<String>,
+    /// Allow the columnar path (default true).
+    #[serde(default)]
+    pub columnar: Option<bool>,
 }
 
 /// One operator of the spec.
@@ -359,6 +363,9 @@ impl PipelineSpec {
         }
         if let Some(e) = o.errors {
             ro = ro.with_errors(e);
+        }
+        if let Some(c) = o.columnar {
+            ro = ro.with_columnar(c);
         }
         if let Some(m) = &o.memory_limit {
             let b: ByteSize = m
