@@ -246,11 +246,13 @@ class Pipeline:
         errors: str | None = None,
         autotune: bool | None = None,
         window: int | None = None,
+        columnar: bool | None = None,
     ) -> Pipeline:
         """Changes the given run options and keeps the others: ``threads`` (CPU workers),
         ``memory_limit`` (bytes or ``"2GiB"``: the one budget), ``deterministic`` (same
         order whatever the parallelism; default true), ``errors`` (``"raise"`` or
-        ``"skip"``), ``autotune``, ``window`` (samples in flight)."""
+        ``"skip"``), ``autotune``, ``window`` (samples in flight), ``columnar`` (Parquet
+        read straight into batches where the result is identical; default true)."""
         given = {
             "threads": threads,
             "memory_limit": memory_limit,
@@ -258,6 +260,7 @@ class Pipeline:
             "errors": errors,
             "autotune": autotune,
             "window": window,
+            "columnar": columnar,
         }
         return self._then(self._p.options(**given), "options", **given)
 

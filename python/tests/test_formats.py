@@ -128,6 +128,19 @@ def test_parquet_written_by_pyarrow(s3, prefix):
     projected = read_all(stoker.from_url(url, format="parquet", columns=["name"], **s3.options))
     assert set(projected[0]) == {"name"}
 
+    # Batched, Parquet goes straight into batches (the columnar path) unless switched off;
+    # both give the same batches.
+    batched = stoker.from_url(url, format="parquet", **s3.options).batch(100)
+    assert "source (columnar: batches of 100" in batched.explain()
+    rows = batched.options(columnar=False)
+    assert rows.run_options["columnar"] is False
+    assert "source (rows)" in rows.explain()
+    a, b = list(batched), list(rows)
+    assert len(a) == len(b) == 10
+    for x, y in zip(a, b):
+        assert np.array_equal(x["id"], y["id"]) and np.array_equal(x["x"], y["x"])
+        assert list(x["name"]) == list(y["name"])
+
 
 def test_files_and_imagefolder_from_a_local_directory(local_dir):
     for cls in ("cat", "dog"):

@@ -160,6 +160,35 @@ pub struct OptionsSpec {
     pub columnar: Option<bool>,
 }
 
+impl OptionsSpec {
+    /// The run options this table gives (defaults for what it leaves out).
+    pub fn run_options(&self) -> Result<RunOptions, Error> {
+        let mut ro = RunOptions::default();
+        if let Some(t) = self.threads {
+            ro = ro.with_threads(t);
+        }
+        if let Some(a) = self.autotune {
+            ro = ro.with_autotune(a);
+        }
+        if let Some(d) = self.deterministic {
+            ro = ro.with_deterministic(d);
+        }
+        if let Some(e) = self.errors {
+            ro = ro.with_errors(e);
+        }
+        if let Some(c) = self.columnar {
+            ro = ro.with_columnar(c);
+        }
+        if let Some(m) = &self.memory_limit {
+            let b: ByteSize = m
+                .parse()
+                .map_err(|e| Error::invalid(format!("memory_limit {m:?}: {e}")))?;
+            ro = ro.with_memory_limit(b.bytes());
+        }
+        Ok(ro)
+    }
+}
+
 /// One operator of the spec.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -350,29 +379,7 @@ impl PipelineSpec {
             p = p.shard_by_rank(r.rank, r.world, r.policy);
         }
         p = self.apply_ops(p)?;
-        let o = &self.options;
-        let mut ro = RunOptions::default();
-        if let Some(t) = o.threads {
-            ro = ro.with_threads(t);
-        }
-        if let Some(a) = o.autotune {
-            ro = ro.with_autotune(a);
-        }
-        if let Some(d) = o.deterministic {
-            ro = ro.with_deterministic(d);
-        }
-        if let Some(e) = o.errors {
-            ro = ro.with_errors(e);
-        }
-        if let Some(c) = o.columnar {
-            ro = ro.with_columnar(c);
-        }
-        if let Some(m) = &o.memory_limit {
-            let b: ByteSize = m
-                .parse()
-                .map_err(|e| Error::invalid(format!("memory_limit {m:?}: {e}")))?;
-            ro = ro.with_memory_limit(b.bytes());
-        }
+        let ro = self.options.run_options()?;
         Ok(p.options(ro))
     }
 

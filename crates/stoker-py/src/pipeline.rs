@@ -79,23 +79,7 @@ fn collate(v: &str, pad_value: f64) -> PyResult<Collate> {
 
 /// The run options a spec's `[options]` table gives (as `PipelineSpec::build` sets them).
 fn run_options_of(o: &OptionsSpec) -> PyResult<RunOptions> {
-    let mut ro = RunOptions::default();
-    if let Some(t) = o.threads {
-        ro = ro.with_threads(t);
-    }
-    if let Some(a) = o.autotune {
-        ro = ro.with_autotune(a);
-    }
-    if let Some(d) = o.deterministic {
-        ro = ro.with_deterministic(d);
-    }
-    if let Some(e) = o.errors {
-        ro = ro.with_errors(e);
-    }
-    if let Some(m) = &o.memory_limit {
-        ro = ro.with_memory_limit(parse_size("memory_limit", m)?);
-    }
-    Ok(ro)
+    o.run_options().map_err(|e| invalid(e.to_string()))
 }
 
 /// Adds one spec operator to `p` (the spec's own code, so every operator the spec knows
@@ -322,7 +306,8 @@ impl PyPipeline {
     }
 
     /// Changes the given run options, keeping the others.
-    #[pyo3(signature = (threads=None, memory_limit=None, deterministic=None, errors=None, autotune=None, window=None))]
+    #[pyo3(signature = (threads=None, memory_limit=None, deterministic=None, errors=None, autotune=None, window=None, columnar=None))]
+    #[allow(clippy::too_many_arguments)]
     fn options(
         &self,
         threads: Option<usize>,
@@ -331,6 +316,7 @@ impl PyPipeline {
         errors: Option<&str>,
         autotune: Option<bool>,
         window: Option<usize>,
+        columnar: Option<bool>,
     ) -> PyResult<Self> {
         let mut o = self.options.clone();
         if let Some(t) = threads {
@@ -358,6 +344,9 @@ impl PyPipeline {
         if let Some(w) = window {
             o = o.with_window(w);
         }
+        if let Some(c) = columnar {
+            o = o.with_columnar(c);
+        }
         Ok(PyPipeline {
             p: self.p.clone().options(o.clone()),
             options: o,
@@ -381,6 +370,7 @@ impl PyPipeline {
         )?;
         d.set_item("autotune", o.autotune)?;
         d.set_item("window", o.window)?;
+        d.set_item("columnar", o.columnar)?;
         Ok(d.into_any().unbind())
     }
 
