@@ -739,11 +739,30 @@ fn claim_in_order_opens_fetch_ahead() {
         let got = std::fs::read(m.path().join(format!("{dir}/f{i:03}"))).unwrap();
         assert_eq!(got, pattern(1000 + i, 1000), "{dir}/f{i:03}");
     };
+    // Counts the GETs of seq/ (a rule that delays by nothing).
+    s.faults().add(
+        FaultRule::new(Fault::Delay(Duration::ZERO))
+            .method("GET")
+            .path_contains("/seq/")
+            .forever(),
+    );
     // In listing order: after a few opens, the next files are already cached.
     for i in 0..3 {
         read("seq", i);
     }
+    // Wait for the fetches ahead to have reached the server (however slow the machine):
+    // the 3 files read and at least the 37 read below.
+    let end = Instant::now() + Duration::from_secs(60);
+    while s.faults().hits() < 40 {
+        assert!(
+            Instant::now() < end,
+            "only {} GETs of seq/ after 60 s",
+            s.faults().hits()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     settle(&s);
+    s.faults().clear();
     // From now on the server fails every GET in seq/: the next files must come from what
     // was fetched ahead (reads keep fetching further ahead; those fetches fail, harmlessly).
     s.faults().add(
