@@ -50,6 +50,9 @@ def test_several_threads_share_one_run_and_each_item_goes_to_one(s3, prefix):
 CHILD = textwrap.dedent(
     """
     import sys, time, stoker
+    import signal
+    # A child started from a background job inherits SIGINT ignored: restore Python's own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     endpoint = sys.argv[1]
     p = stoker.from_url("s3://data/" + sys.argv[2], format="files", endpoint=endpoint,
                         access_key="stoker-test", secret_key="stoker-test-secret",

@@ -428,6 +428,9 @@ def test_threads_mode_with_several_engine_threads_and_python_threads(s3, prefix)
 SLOW_CHILD = textwrap.dedent(
     """
     import sys, time, stoker
+    import signal
+    # A child started from a background job inherits SIGINT ignored: restore Python's own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def slow(s):
         time.sleep(0.2)
