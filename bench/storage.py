@@ -402,7 +402,7 @@ def c_ceiling(ctx: Ctx, workload: str) -> Rep:
     base = f"{ctx.endpoint}/{BUCKET}/"
     if workload == "small":
         blocks = [_curl_block(base + key, None) for key in ctx.data.small_keys]
-        parallel, want_code = 64, "200"
+        parallel, want_code = ctx.args.ceiling_parallel, "200"
     else:
         part = 8 * MIB
         size = ctx.data.large_bytes
@@ -729,6 +729,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--small", type=int, default=2000, help="number of ~110 KB objects (files) in the small workloads")
     p.add_argument("--large-mib", type=int, default=1024, help="size of the large object (file) in MiB")
     p.add_argument("--latency-ms", type=float, default=10, help="latency the test server adds to each request")
+    p.add_argument("--ceiling-parallel", type=int, default=64, help="curl's transfers in flight for the small objects")
     p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("STOKER_BENCH_DATA", "/tmp/stoker-bench-data")),
                    help="cache for the generated data (reused across runs, shared by both benchmarks)")
     p.add_argument("--seed", type=int, default=1)
