@@ -72,6 +72,31 @@ pub struct Parquet {
     pub columns: Option<Vec<String>>,
 }
 
+impl Parquet {
+    /// A reader of `shard` (rows, or Arrow batches as columns when `columnar`); errors name
+    /// the stage and the object.
+    fn reader(
+        &self,
+        shard: &ShardInfo,
+        input: Input,
+        columnar: bool,
+    ) -> Result<ParquetReader, Error> {
+        let Input::Random(file) = input else {
+            return Err(Error::invalid(
+                "parquet reads by range and needs random access (Input::Random), not a stream",
+            )
+            .with_stage("parquet")
+            .with_object(shard.url.clone()));
+        };
+        ParquetReader::open(shard, file, self.columns.as_deref())
+            .map(|mut r| {
+                r.columnar = columnar;
+                r
+            })
+            .map_err(|e| e.with_stage("parquet").with_object(shard.url.clone()))
+    }
+}
+
 impl Format for Parquet {
     fn name(&self) -> &'static str {
         "parquet"
@@ -82,16 +107,8 @@ impl Format for Parquet {
     }
 
     fn open(&self, shard: &ShardInfo, input: Input) -> Result<Box<dyn RecordReader>, Error> {
-        let Input::Random(file) = input else {
-            return Err(Error::invalid(
-                "parquet reads by range and needs random access (Input::Random), not a stream",
-            )
-            .with_stage("parquet")
-            .with_object(shard.url.clone()));
-        };
-        ParquetReader::open(shard, file, self.columns.as_deref())
+        self.reader(shard, input, false)
             .map(|r| Box::new(r) as Box<dyn RecordReader>)
-            .map_err(|e| e.with_stage("parquet").with_object(shard.url.clone()))
     }
 
     fn reads_columns(&self) -> bool {
@@ -106,19 +123,8 @@ impl Format for Parquet {
         shard: &ShardInfo,
         input: Input,
     ) -> Result<Box<dyn ColumnReader>, Error> {
-        let Input::Random(file) = input else {
-            return Err(Error::invalid(
-                "parquet reads by range and needs random access (Input::Random), not a stream",
-            )
-            .with_stage("parquet")
-            .with_object(shard.url.clone()));
-        };
-        ParquetReader::open(shard, file, self.columns.as_deref())
-            .map(|mut r| {
-                r.columnar = true;
-                Box::new(r) as Box<dyn ColumnReader>
-            })
-            .map_err(|e| e.with_stage("parquet").with_object(shard.url.clone()))
+        self.reader(shard, input, true)
+            .map(|r| Box::new(r) as Box<dyn ColumnReader>)
     }
 }
 
