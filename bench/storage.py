@@ -19,6 +19,8 @@ Workloads (bucket `bench`):
 
 Contenders:
   stoker      `stoker bench s3://bench/... --json`
+  stoker-keys the same, given the small objects' key list (`--keys FILE`) as curl is: no
+              listing (large: the object's lookup is not timed either)
   ceiling     curl with SigV4: all GETs in parallel (64 in flight) from a known key list
               (no listing); the large object as 16 concurrent 8 MiB ranged GETs
   boto3       boto3 in a thread pool (32 threads; large: 8 MiB ranged GETs in 16 threads)
@@ -69,7 +71,7 @@ ACCESS_KEY = "stoker-test"
 SECRET_KEY = "stoker-test-secret"
 REGION = "us-east-1"
 
-CONTENDERS = ["stoker", "ceiling", "boto3", "s3torch", "s3torch-client", "s3fs", "s3fs-tuned"]
+CONTENDERS = ["stoker", "stoker-keys", "ceiling", "boto3", "s3torch", "s3torch-client", "s3fs", "s3fs-tuned"]
 ALIASES = {"curl": "ceiling", "s3torchconnector": "s3torch", "s3torchconnectorclient": "s3torch-client", "s3fs-fuse": "s3fs"}
 WORKLOADS = ["small", "large"]
 
@@ -361,15 +363,21 @@ class Rep:
     extra: dict = field(default_factory=dict)
 
 
-def c_stoker(ctx: Ctx, workload: str) -> Rep:
+def c_stoker(ctx: Ctx, workload: str, keys: bool = False) -> Rep:
     url = f"s3://{BUCKET}/{SMALL_PREFIX}" if workload == "small" else f"s3://{BUCKET}/{LARGE_KEY}"
     argv = [str(ctx.stoker), "bench", url, "--endpoint", ctx.endpoint, "--json", *ctx.args.stoker_arg]
+    if keys and workload == "small":
+        key_file = ctx.work / "small-keys.txt"
+        key_file.write_text("".join(k[len(SMALL_PREFIX):] + "\n" for k in ctx.data.small_keys))
+        argv += ["--keys", str(key_file)]
     child = run_child(argv, ctx.env, ctx.args.timeout)
     check(child, "stoker bench")
     res = last_json(child.stdout)
-    # `seconds` is the first epoch's reads; add the listing (and store set-up) it
-    # excludes, so stoker is timed like the others: first request to last byte.
-    seconds = float(res["seconds"]) + float(res.get("list_seconds", 0.0))
+    # `seconds` is the first epoch's reads. A prefix's listing runs during them and is in
+    # it; one object's lookup is not: add it (unless given the keys, as curl is, in
+    # which case the lookup is not part of the work), so stoker is timed like the others:
+    # first request to last byte.
+    seconds = float(res["seconds"]) + (0.0 if keys else float(res.get("list_seconds", 0.0)))
     return Rep(
         seconds=seconds,
         process_wall_s=child.wall_s,
@@ -379,6 +387,10 @@ def c_stoker(ctx: Ctx, workload: str) -> Rep:
         bytes=int(res["bytes"]),
         extra={k: v for k, v in res.items() if k not in ("objects", "bytes", "seconds")},
     )
+
+
+def c_stoker_keys(ctx: Ctx, workload: str) -> Rep:
+    return c_stoker(ctx, workload, keys=True)
 
 
 def _curl_block(url: str, out_range: str | None) -> str:
@@ -589,6 +601,7 @@ def c_s3fs_tuned(ctx: Ctx, workload: str) -> Rep:
 
 RUNNERS: dict[str, Callable[[Ctx, str], Rep]] = {
     "stoker": c_stoker,
+    "stoker-keys": c_stoker_keys,
     "ceiling": c_ceiling,
     "boto3": c_boto3,
     "s3torch": c_s3torch,
@@ -641,6 +654,11 @@ def add_ratios(results: list[dict]) -> None:
             r["stoker_speedup"] = s["objects_per_s"] / r["objects_per_s"]
             if r["contender"] == "ceiling":
                 r["stoker_pct_of_ceiling"] = 100.0 * s["objects_per_s"] / r["objects_per_s"]
+    keyed = {r["workload"]: r for r in results if r["contender"] == "stoker-keys" and r["ok"]}
+    for r in results:
+        k = keyed.get(r["workload"])
+        if r["ok"] and k and r["contender"] == "ceiling":
+            r["stoker_keys_pct_of_ceiling"] = 100.0 * k["objects_per_s"] / r["objects_per_s"]
 
 
 def table(results: list[dict]) -> str:
@@ -655,6 +673,8 @@ def table(results: list[dict]) -> str:
             vs = "-"
         elif r["contender"] == "ceiling" and "stoker_pct_of_ceiling" in r:
             vs = f"stoker = {r['stoker_pct_of_ceiling']:.0f}% of ceiling"
+            if "stoker_keys_pct_of_ceiling" in r:
+                vs += f" (stoker-keys {r['stoker_keys_pct_of_ceiling']:.0f}%)"
         elif "stoker_speedup" in r:
             vs = f"stoker {r['stoker_speedup']:.2f}x"
         else:
@@ -899,6 +919,7 @@ def main(argv: list[str] | None = None) -> int:
                 "server_cpu_s": "median CPU the test server used during the rep",
                 "stoker_speedup": "stoker objects/s / contender objects/s (same workload, same bytes)",
                 "stoker_pct_of_ceiling": "stoker objects/s as a percentage of the ceiling's (curl)",
+                "stoker_keys_pct_of_ceiling": "the same for stoker-keys: stoker given the key list curl is given (no listing)",
             },
             "results": results,
         }

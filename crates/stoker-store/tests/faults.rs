@@ -252,3 +252,44 @@ async fn cuts_without_progress_fail_after_the_budget_naming_the_range() {
     );
     assert!(store.metrics().failed_reads >= 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_head_does_not_hold_back_the_requests_behind_it() {
+    use futures::StreamExt;
+    let (server, store) = setup(StoreOptions::default()).await;
+    let keys: Vec<String> = (0..12).map(|i| format!("many/{i:02}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        store
+            .backend()
+            .put(&Path::from(k.as_str()), PutPayload::from(data(1000 + i)))
+            .await
+            .unwrap();
+    }
+    server.faults().add(
+        FaultRule::new(Fault::Delay(Duration::from_millis(800)))
+            .method("GET")
+            .path_contains("many/00")
+            .times(1),
+    );
+    let before = store.metrics().get_requests;
+    let opts = stoker_store::FetchManyOptions::default().with_concurrency(2);
+    let mut stream = store.fetch_many(keys.clone(), opts);
+    let head = stream.next().await.unwrap().unwrap();
+    assert_eq!(head.key, "many/00");
+    // Two request slots, each freed as its response ends: while the head was slow, the
+    // window (4 objects per slot) filled up behind it. Counting finished-but-unyielded
+    // objects as in flight would have stopped at 2 requests.
+    let during = store.metrics().get_requests - before;
+    assert!(
+        during >= 8,
+        "only {during} GETs were sent while the head took 800 ms"
+    );
+    assert_eq!(head.bytes.len(), 1000);
+    let rest: Vec<_> = stream.collect().await;
+    assert_eq!(rest.len(), 11);
+    for (i, r) in rest.into_iter().enumerate() {
+        let r = r.unwrap();
+        assert_eq!(r.key, keys[i + 1], "delivered in the order asked");
+        assert_eq!(r.bytes, data(1001 + i));
+    }
+}

@@ -153,6 +153,10 @@ pub struct BenchArgs {
     /// Only keys matching this glob.
     #[arg(long)]
     pub glob: Option<String>,
+    /// Read exactly the keys in this file (one per line, relative to URL, which must then be
+    /// a prefix) instead of listing: what a pipeline with a manifest of its samples does.
+    #[arg(long, conflicts_with = "glob")]
+    pub keys: Option<PathBuf>,
     /// One JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -130,6 +130,92 @@ async fn read_large(store: &Store, o: &ObjectInfo, progress: &ProgressBar) -> an
     Ok(got)
 }
 
+/// The keys of a `--keys` file, as keys of the store: each line relative to the URL's prefix;
+/// blank lines and lines starting with `#` are skipped.
+fn read_key_file(store: &Store, file: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading the key file {}", file.display()))?;
+    let base = store.url_key();
+    let dir = if base.is_empty() || base.ends_with('/') {
+        base.to_string()
+    } else {
+        format!("{base}/")
+    };
+    let keys: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| format!("{dir}{}", l.trim_start_matches('/')))
+        .collect();
+    if keys.is_empty() {
+        bail!("the key file {} names no key", file.display());
+    }
+    Ok(keys)
+}
+
+/// Reads the given keys, whole, once per epoch, with no listing. Sizes are learnt in the first
+/// epoch (the store checks each body against its Content-Length); a later epoch that gets a
+/// different size for a key is an error. Returns what was read, as objects, and each epoch.
+async fn measure_keys(
+    store: &Store,
+    keys: &[String],
+    epochs: usize,
+    progress: &ProgressBar,
+) -> anyhow::Result<(Vec<ObjectInfo>, Vec<EpochReport>)> {
+    let mut sizes: Vec<u64> = Vec::with_capacity(keys.len());
+    let mut reports = Vec::new();
+    for epoch in 1..=epochs.max(1) {
+        progress.set_message(format!("epoch {epoch}"));
+        let start = Instant::now();
+        let (mut bytes, mut objects) = (0u64, 0usize);
+        let mut stream = store.fetch_many(keys.to_vec(), FetchManyOptions::default());
+        while let Some(item) = stream.next().await {
+            let item = item?;
+            let got = item.bytes.len() as u64;
+            if item.key != keys[objects] {
+                bail!(
+                    "{}: fetched out of order (expected {})",
+                    store.object_url(&item.key),
+                    store.object_url(&keys[objects])
+                );
+            }
+            match sizes.get(objects) {
+                None => sizes.push(got),
+                Some(&want) if want != got => bail!(
+                    "{}: got {got} bytes in epoch {epoch}, {want} in epoch 1",
+                    store.object_url(&item.key)
+                ),
+                Some(_) => {}
+            }
+            bytes += got;
+            objects += 1;
+            progress.inc(got);
+        }
+        let seconds = start.elapsed().as_secs_f64().max(1e-9);
+        reports.push(EpochReport {
+            epoch,
+            objects: objects as u64,
+            bytes,
+            seconds,
+            objects_per_s: objects as f64 / seconds,
+            mib_per_s: bytes as f64 / (1 << 20) as f64 / seconds,
+        });
+    }
+    progress.finish_and_clear();
+    let listed = keys
+        .iter()
+        .zip(&sizes)
+        .map(|(k, &size)| ObjectInfo {
+            key: k.clone(),
+            size,
+            etag: None,
+            version: None,
+            last_modified_ms: 0,
+        })
+        .collect();
+    Ok((listed, reports))
+}
+
 /// Reads every target once per epoch.
 pub async fn measure(
     store: &Store,
@@ -285,26 +371,29 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     let store = Store::open(&a.url, opts)?;
     let pb = progress_bar(a.json);
     let open_seconds = t0.elapsed().as_secs_f64();
-    // A prefix: list and read at once. Otherwise (one object), look it up first.
-    let (targets, mut epochs, list_seconds) =
-        match first_epoch_streaming(&store, a.glob.as_deref(), &pb).await? {
-            Some((first, listed)) => {
-                let mut epochs = vec![first];
-                if a.epochs > 1 {
-                    for mut e in measure(&store, &listed, a.epochs - 1, &pb).await? {
-                        e.epoch += 1;
-                        epochs.push(e);
-                    }
-                }
-                (listed, epochs, 0.0)
+    // A key file: no listing. A prefix: list and read at once. Otherwise (one object), look
+    // it up first.
+    let (targets, mut epochs, list_seconds) = if let Some(file) = &a.keys {
+        let keys = read_key_file(&store, file)?;
+        let (listed, epochs) = measure_keys(&store, &keys, a.epochs, &pb).await?;
+        (listed, epochs, 0.0)
+    } else if let Some((first, listed)) =
+        first_epoch_streaming(&store, a.glob.as_deref(), &pb).await?
+    {
+        let mut epochs = vec![first];
+        if a.epochs > 1 {
+            for mut e in measure(&store, &listed, a.epochs - 1, &pb).await? {
+                e.epoch += 1;
+                epochs.push(e);
             }
-            None => {
-                let targets = targets(&store, a.glob.as_deref()).await?;
-                let list_seconds = t0.elapsed().as_secs_f64() - open_seconds;
-                let epochs = measure(&store, &targets, a.epochs, &pb).await?;
-                (targets, epochs, list_seconds)
-            }
-        };
+        }
+        (listed, epochs, 0.0)
+    } else {
+        let targets = targets(&store, a.glob.as_deref()).await?;
+        let list_seconds = t0.elapsed().as_secs_f64() - open_seconds;
+        let epochs = measure(&store, &targets, a.epochs, &pb).await?;
+        (targets, epochs, list_seconds)
+    };
     pb.finish_and_clear();
     epochs.sort_by_key(|e| e.epoch);
     let m = store.metrics();

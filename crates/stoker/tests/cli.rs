@@ -80,3 +80,39 @@ fn missing_objects_fail_with_the_url() {
     assert!(err.contains("s3://cli/nope.bin"), "{err}");
     assert!(err.contains("not found"), "{err}");
 }
+
+#[test]
+fn bench_reads_a_key_file_without_listing_and_names_a_missing_key() {
+    let s = server();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.txt");
+    std::fs::write(&keys, "# a manifest\na.bin\n\nsub/b.bin\n").unwrap();
+    let out = stoker(&s)
+        .args([
+            "bench",
+            "s3://cli/data/",
+            "--json",
+            "--epochs",
+            "2",
+            "--keys",
+        ])
+        .arg(&keys)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["objects"], 2);
+    assert_eq!(v["bytes"], 1000 + 11);
+    assert_eq!(v["metrics"]["list_requests"], 0, "{v}");
+    assert_eq!(v["epochs"][1]["bytes"], 1000 + 11);
+
+    std::fs::write(&keys, "a.bin\nnope.bin\n").unwrap();
+    let out = stoker(&s)
+        .args(["bench", "s3://cli/data/", "--keys"])
+        .arg(&keys)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("s3://cli/data/nope.bin"), "{err}");
+}
