@@ -41,6 +41,8 @@ Contenders:
   hf-64, hf-1024  (text only) Hugging Face tokenizers, see the text pipeline
   limit-full the limit: PIL decode of every file to RGB, one process per core
   limit-half the same at half size, by libjpeg-turbo's DCT-domain scaling (PIL's draft)
+  limit-crop only a RandomResizedCrop box of each file, by libjpeg-turbo's region decode
+             (tf.io.decode_and_crop_jpeg), one process per core, timed after imports
 
 Each rep runs every contender once (order rotated by one each rep); the table shows
 medians of images/s, CPU seconds per image (all processes), peak RSS and PSS summed over
@@ -290,6 +292,7 @@ class Rep:
     peak_pss: int
     first_batch_s: float | None
     first_batch_images: int = 0
+    import_s: float = 0.0  # of `seconds`, importing the array framework (bench/python.py)
 
     def steady_rate(self) -> float:
         """Images/s after the first batch (start-up, imports and worker spawning excluded)."""
@@ -470,8 +473,10 @@ CONTENDERS = {
     "limit-full": lambda ctx, p: _py(ctx, ["decode", "--dir", str(ctx.data), "--procs", str(os.cpu_count())]),
     "limit-half": lambda ctx, p: _py(ctx, ["decode", "--dir", str(ctx.data), "--procs", str(os.cpu_count()),
                                            "--half"]),
+    "limit-crop": lambda ctx, p: _py(ctx, ["decode", "--dir", str(ctx.data), "--procs", str(os.cpu_count()),
+                                           "--crop"]),
 }
-ONLY_IMAGENET = {"tfdata", "limit-full", "limit-half"}
+ONLY_IMAGENET = {"tfdata", "limit-full", "limit-half", "limit-crop"}
 ONLY_TEXT = {"hf-64", "hf-1024"}
 
 

@@ -15,7 +15,10 @@
           longest in the batch (with 0); ids and masks to NumPy int arrays
   decode  --dir D --procs N [--half]
           the limit: PIL (libjpeg-turbo) decode of every file to RGB in N processes;
-          with --half, at half size by libjpeg-turbo's DCT-domain scaling (PIL's draft)
+          with --half, at half size by libjpeg-turbo's DCT-domain scaling (PIL's draft);
+          with --crop, only a RandomResizedCrop box of each file (torchvision's sampling:
+          scale 0.08-1, ratio 3/4-4/3), by tf.io.decode_and_crop_jpeg (libjpeg-turbo's
+          region decode), timed after each process has imported TensorFlow
 """
 
 from __future__ import annotations
@@ -31,12 +34,16 @@ MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 
 
-def emit(images: int, t0: float, first: float | None, first_n: int = 0) -> None:
+def emit(images: int, t0: float, first: float | None, first_n: int = 0, t_fw: float | None = None) -> None:
+    """One JSON line. `t_fw`: when the array framework (torch, TensorFlow, NumPy) had been
+    imported, which every training script does whatever its loader: `import_s` is the time
+    from `t0` to it, so a reader can also time the loader alone."""
     print(json.dumps({
         "images": images,
         "seconds": time.perf_counter() - t0,
         "first_batch_s": None if first is None else first - t0,
         "first_batch_images": first_n,
+        "import_s": 0.0 if t_fw is None else t_fw - t0,
     }), flush=True)
 
 
@@ -196,6 +203,56 @@ def _decode_part(args: tuple[list[str], int]) -> int:
     return len(paths)
 
 
+_tf = None
+
+
+def _crop_init() -> None:
+    global _tf
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    _tf = tf
+    tf.io.decode_and_crop_jpeg  # noqa: B018  (resolve the op before timing)
+
+
+def _ready(_: int) -> bool:
+    return _tf is not None
+
+
+def rrc_box(rng, w: int, h: int) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop.get_params (scale 0.08-1, ratio 3/4-4/3): y, x, h, w."""
+    import math
+
+    area = w * h
+    for _ in range(10):
+        target = area * rng.uniform(0.08, 1.0)
+        ratio = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+        cw = int(round(math.sqrt(target * ratio)))
+        ch = int(round(math.sqrt(target / ratio)))
+        if 0 < cw <= w and 0 < ch <= h:
+            return rng.randint(0, h - ch), rng.randint(0, w - cw), ch, cw
+    side = min(w, h)
+    return (h - side) // 2, (w - side) // 2, side, side
+
+
+def _crop_part(paths: list[str]) -> int:
+    import random
+
+    from PIL import Image
+
+    rng = random.Random(len(paths))
+    for p in paths:
+        with open(p, "rb") as f:
+            data = f.read()
+        with Image.open(p) as im:  # the header only
+            w, h = im.size
+        y, x, ch, cw = rrc_box(rng, w, h)
+        _tf.io.decode_and_crop_jpeg(data, [y, x, ch, cw], channels=3).numpy()
+    return len(paths)
+
+
 def text_files(d: str) -> list[str]:
     return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".jsonl"))
 
@@ -240,6 +297,14 @@ def cmd_decode(a: argparse.Namespace) -> None:
     import multiprocessing as mp
 
     paths = files(a.dir)
+    if a.crop:
+        with mp.get_context("spawn").Pool(a.procs, initializer=_crop_init) as pool:
+            while not all(pool.map(_ready, range(a.procs * 4), chunksize=1)):
+                pass
+            t0 = time.perf_counter()
+            n = sum(pool.map(_crop_part, [paths[i::a.procs] for i in range(a.procs)], chunksize=1))
+        emit(n, t0, None)
+        return
     t0 = time.perf_counter()
     parts = [(paths[i::a.procs], a.half) for i in range(a.procs)]
     with mp.get_context("fork").Pool(a.procs) as pool:
@@ -267,6 +332,7 @@ def main() -> None:
     d.add_argument("--dir", required=True)
     d.add_argument("--procs", type=int, default=2)
     d.add_argument("--half", action="store_true")
+    d.add_argument("--crop", action="store_true")
     a = p.parse_args()
     {"torch": cmd_torch, "tfdata": cmd_tfdata, "decode": cmd_decode, "tokenize": cmd_tokenize}[a.cmd](a)
 

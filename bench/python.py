@@ -28,9 +28,12 @@ Contenders:
   tfdata        tf.data with AUTOTUNE (s3: boto3 inside tf.py_function)
   ray           Ray Data read_binary_files + map + iter_torch_batches
 
-Reported per contender: images/s from process start, images/s after the first batch, CPU
+Reported per contender: images/s from process start, images/s after the first batch,
+images/s of the loader alone (`loader/s`: timed from the moment the array framework, torch
+or TensorFlow or NumPy, has been imported, since a training script imports it whatever
+loads its data; the import itself took 1-2 s of every torch contender's time here), CPU
 ms per image and peak RSS and PSS, all summed over the process tree (workers, Ray's
-processes), and the time to the first batch.
+processes), and the time to the first batch from process start and from that import.
 """
 
 from __future__ import annotations
@@ -85,12 +88,28 @@ def run_one(ctx: opsbench.Ctx, python: Path, args: list[str]) -> opsbench.Rep:
         raise opsbench.ContenderError(f"{args[0]} exited {r.returncode}: {opsbench._tail(r.stderr)}")
     res = opsbench.last_json(r.stdout)
     return opsbench.Rep(float(res["seconds"]), int(res["images"]), r.cpu_s, r.peak_rss, r.peak_pss,
-                        res.get("first_batch_s"), int(res.get("first_batch_images") or 0))
+                        res.get("first_batch_s"), int(res.get("first_batch_images") or 0),
+                        float(res.get("import_s") or 0.0))
+
+
+def loader_figures(reps: list[opsbench.Rep]) -> dict:
+    """The same run timed from the array framework's import on (torch, TensorFlow or NumPy,
+    which a training script imports whatever loads its data): the loader's own cost."""
+    if not reps:
+        return {}
+    med = statistics.median
+    return {
+        "import_s": med(r.import_s for r in reps),
+        "loader_images_per_s": med(r.images / (r.seconds - r.import_s) for r in reps),
+        "first_batch_after_import_s": (None if any(r.first_batch_s is None for r in reps)
+                                       else med(r.first_batch_s - r.import_s for r in reps)),
+    }
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'source':6} {'variant':7} {'contender':11} {'images/s':>9} {'steady/s':>9} {'CPU ms/img':>10} "
-            f"{'RSS MiB':>8} {'PSS MiB':>8} {'1st batch s':>11}  stoker/peer (steady)")
+    head = (f"{'source':6} {'variant':7} {'contender':11} {'images/s':>9} {'steady/s':>9} {'loader/s':>9} "
+            f"{'CPU ms/img':>10} {'RSS MiB':>8} {'PSS MiB':>8} {'1st batch s':>11} {'1st (loader)':>12}  "
+            f"stoker/peer (steady; loader)")
     lines = [head, "-" * len(head)]
     by = {(r["source"], r["variant"], r["contender"]): r for r in rows}
     for r in rows:
@@ -102,11 +121,14 @@ def table(rows: list[dict]) -> str:
         ratio = ""
         if s and not s.get("error") and not r["contender"].startswith("stoker"):
             ratio = (f"{s['images_per_s'] / r['images_per_s']:.2f}x "
-                     f"({s['steady_images_per_s'] / r['steady_images_per_s']:.2f}x)")
+                     f"({s['steady_images_per_s'] / r['steady_images_per_s']:.2f}x; "
+                     f"{s['loader_images_per_s'] / r['loader_images_per_s']:.2f}x)")
         fb = "-" if r["first_batch_s"] is None else f"{r['first_batch_s']:.2f}"
+        fl = "-" if r.get("first_batch_after_import_s") is None else f"{r['first_batch_after_import_s']:.2f}"
         lines.append(f"{tag} {r['images_per_s']:9.0f} {r['steady_images_per_s']:9.0f} "
+                     f"{r['loader_images_per_s']:9.0f} "
                      f"{r['cpu_ms_per_image']:10.2f} {r['peak_rss_mib']:8.0f} {r['peak_pss_mib']:8.0f} "
-                     f"{fb:>11}  {ratio}")
+                     f"{fb:>11} {fl:>12}  {ratio}")
     return "\n".join(lines)
 
 
@@ -179,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                             log(f"{source} {variant} {n}: {e}")
                 for n, _ in todo:
                     row = opsbench.summarize(f"{source}/{variant}", n, reps[n], errors.get(n))
-                    row.update(source=source, variant=variant)
+                    row.update(source=source, variant=variant, **loader_figures(reps[n]))
                     rows.append(row)
     finally:
         opsbench.kill_live_children()

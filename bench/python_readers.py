@@ -91,6 +91,11 @@ def class_index(name: str) -> int:
 
 def cmd_stoker(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
+    if a.numpy:
+        import numpy  # noqa: F401  (the framework: NumPy)
+    else:
+        import torch  # noqa: F401  (the framework)
+    t_fw = time.perf_counter()
     import stoker
 
     if a.numpy:
@@ -118,7 +123,7 @@ def cmd_stoker(a: argparse.Namespace) -> None:
         if first is None:
             first, first_n = time.perf_counter(), x.shape[0]
         n += x.shape[0]
-    emit(n, t0, first, first_n)
+    emit(n, t0, first, first_n, t_fw)
 
 
 # ------------------------------------------------------------------------------- torch
@@ -158,6 +163,7 @@ class S3Images:
 def cmd_torch(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     import torch
+    t_fw = time.perf_counter()
     from torchvision import datasets
 
     torch.set_num_threads(1)
@@ -173,7 +179,7 @@ def cmd_torch(a: argparse.Namespace) -> None:
         if first is None:
             first, first_n = time.perf_counter(), x.shape[0]
         n += x.shape[0]
-    emit(n, t0, first, first_n)
+    emit(n, t0, first, first_n, t_fw)
 
 
 # ------------------------------------------------------------------------------- tf.data
@@ -184,6 +190,7 @@ def cmd_tfdata(a: argparse.Namespace) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
     import tensorflow as tf
+    t_fw = time.perf_counter()
 
     mean = tf.constant(MEAN) * 255.0
     std = tf.constant(STD) * 255.0
@@ -220,7 +227,7 @@ def cmd_tfdata(a: argparse.Namespace) -> None:
         if first is None:
             first, first_n = time.perf_counter(), int(x.shape[0])
         n += int(x.shape[0])
-    emit(n, t0, first, first_n)
+    emit(n, t0, first, first_n, t_fw)
 
 
 # ------------------------------------------------------------------------------- Ray Data
@@ -232,6 +239,8 @@ def cmd_ray(a: argparse.Namespace) -> None:
     import io
 
     import numpy as np
+    import torch  # noqa: F401  (the framework iter_torch_batches hands batches to)
+    t_fw = time.perf_counter()
     import ray
     from PIL import Image
 
@@ -264,7 +273,7 @@ def cmd_ray(a: argparse.Namespace) -> None:
         if first is None:
             first, first_n = time.perf_counter(), k
         n += k
-    emit(n, t0, first, first_n)
+    emit(n, t0, first, first_n, t_fw)
     ray.shutdown()
 
 
