@@ -206,15 +206,16 @@ def _decode_part(args: tuple[list[str], int]) -> int:
 _tf = None
 
 
-def _crop_init() -> None:
+def _crop_init(barrier) -> None:
     global _tf
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.io.decode_jpeg(tf.io.encode_jpeg(tf.zeros([8, 8, 3], tf.uint8)))  # the ops loaded
     _tf = tf
-    tf.io.decode_and_crop_jpeg  # noqa: B018  (resolve the op before timing)
+    barrier.wait()  # no worker takes a task before every worker is ready
 
 
 def _ready(_: int) -> bool:
@@ -298,9 +299,9 @@ def cmd_decode(a: argparse.Namespace) -> None:
 
     paths = files(a.dir)
     if a.crop:
-        with mp.get_context("spawn").Pool(a.procs, initializer=_crop_init) as pool:
-            while not all(pool.map(_ready, range(a.procs * 4), chunksize=1)):
-                pass
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(a.procs, initializer=_crop_init, initargs=(ctx.Barrier(a.procs),)) as pool:
+            assert all(pool.map(_ready, range(a.procs), chunksize=1))
             t0 = time.perf_counter()
             n = sum(pool.map(_crop_part, [paths[i::a.procs] for i in range(a.procs)], chunksize=1))
         emit(n, t0, None)
