@@ -33,7 +33,9 @@ images/s of the loader alone (`loader/s`: timed from the moment the array framew
 or TensorFlow or NumPy, has been imported, since a training script imports it whatever
 loads its data; the import itself took 1-2 s of every torch contender's time here), CPU
 ms per image and peak RSS and PSS, all summed over the process tree (workers, Ray's
-processes), and the time to the first batch from process start and from that import.
+processes), the same memory above a process that only imports the framework (`+RSS`,
+`+PSS`: what the loader adds to a training process), and the time to the first batch from
+process start and from that import.
 """
 
 from __future__ import annotations
@@ -92,6 +94,19 @@ def run_one(ctx: opsbench.Ctx, python: Path, args: list[str]) -> opsbench.Rep:
                         float(res.get("import_s") or 0.0))
 
 
+#: The array framework each contender's batches live in (imported by a training script
+#: whatever loads its data); its bare import is measured as a memory baseline.
+FRAMEWORK = {"stoker": "torch", "stoker-np": "numpy", "stoker-thr": "torch", "torch-2w": "torch",
+             "torch-best": "torch", "tfdata": "tensorflow", "ray": "torch"}
+
+
+def framework_baseline(ctx: opsbench.Ctx, python: Path, framework: str) -> dict:
+    """Peak RSS and PSS of a process that only imports the framework (median of 3)."""
+    code = f"import {framework}, time; time.sleep(0.5)"
+    runs = [opsbench.run_tree([str(python), "-c", code], ctx.env, ctx.args.timeout) for _ in range(3)]
+    return {"rss": statistics.median(r.peak_rss for r in runs), "pss": statistics.median(r.peak_pss for r in runs)}
+
+
 def loader_figures(reps: list[opsbench.Rep]) -> dict:
     """The same run timed from the array framework's import on (torch, TensorFlow or NumPy,
     which a training script imports whatever loads its data): the loader's own cost."""
@@ -108,8 +123,8 @@ def loader_figures(reps: list[opsbench.Rep]) -> dict:
 
 def table(rows: list[dict]) -> str:
     head = (f"{'source':6} {'variant':7} {'contender':11} {'images/s':>9} {'steady/s':>9} {'loader/s':>9} "
-            f"{'CPU ms/img':>10} {'RSS MiB':>8} {'PSS MiB':>8} {'1st batch s':>11} {'1st (loader)':>12}  "
-            f"stoker/peer (steady; loader)")
+            f"{'CPU ms/img':>10} {'RSS MiB':>8} {'PSS MiB':>8} {'+RSS':>6} {'+PSS':>6} {'1st batch s':>11} "
+            f"{'1st (loader)':>12}  stoker/peer (steady; loader)")
     lines = [head, "-" * len(head)]
     by = {(r["source"], r["variant"], r["contender"]): r for r in rows}
     for r in rows:
@@ -128,6 +143,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"{tag} {r['images_per_s']:9.0f} {r['steady_images_per_s']:9.0f} "
                      f"{r['loader_images_per_s']:9.0f} "
                      f"{r['cpu_ms_per_image']:10.2f} {r['peak_rss_mib']:8.0f} {r['peak_pss_mib']:8.0f} "
+                     f"{r.get('rss_above_framework_mib', float('nan')):6.0f} "
+                     f"{r.get('pss_above_framework_mib', float('nan')):6.0f} "
                      f"{fb:>11} {fl:>12}  {ratio}")
     return "\n".join(lines)
 
@@ -161,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in a.only.split(",") if n]
     server = None
     rows = []
+    baselines = {}
+    for fw in sorted({FRAMEWORK[n] for n in names if n in FRAMEWORK}):
+        baselines[fw] = framework_baseline(ctx, a.python, fw)
+        log(f"baseline: import {fw} alone peaks at RSS {baselines[fw]['rss'] / 2**20:.0f} MiB, "
+            f"PSS {baselines[fw]['pss'] / 2**20:.0f} MiB")
     try:
         endpoint = ""
         if "s3" in sources:
@@ -202,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
                 for n, _ in todo:
                     row = opsbench.summarize(f"{source}/{variant}", n, reps[n], errors.get(n))
                     row.update(source=source, variant=variant, **loader_figures(reps[n]))
+                    base = baselines.get(FRAMEWORK.get(n, ""))
+                    if base and not row.get("error"):
+                        row.update(framework=FRAMEWORK[n],
+                                   rss_above_framework_mib=row["peak_rss_mib"] - base["rss"] / 2**20,
+                                   pss_above_framework_mib=row["peak_pss_mib"] - base["pss"] / 2**20)
                     rows.append(row)
     finally:
         opsbench.kill_live_children()
@@ -215,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "args": {k: str(v) for k, v in vars(a).items()},
         "rows": rows,
+        "framework_baselines": baselines,
         "median": statistics.median.__name__,
     }, indent=1))
     log(f"wrote {a.out}")
