@@ -115,7 +115,11 @@ class Pipeline:
         pool of ``processes`` worker processes, default the pipeline's thread count,
         samples passed through shared memory; ``fn`` must pickle) or ``workers="threads"``
         (called on the engine's threads: for functions that release the GIL, NumPy-heavy
-        ones). See docs/python.md.
+        ones). With ``seeded=True`` the function is called as ``fn(sample, rng)``, ``rng`` a
+        ``numpy.random.Generator`` seeded for this sample by the pipeline (its seed, the
+        epoch, the sample's origin, the operator): random augmentations written with it
+        repeat exactly under any parallelism, in threads or processes, and after a resume.
+        See docs/python.md.
         """
         if callable(op):
             return self._python_op(op, False, **params)
@@ -137,15 +141,22 @@ class Pipeline:
         *,
         workers: str = "processes",
         processes: int | None = None,
+        seeded: bool = False,
     ) -> Pipeline:
         method = "filter" if filter else "map"
         qualname = _pymap._qualname(fn)
         kind = "py_filter" if filter else "py_map"
+        seeded = bool(seeded)
         kwargs: dict[str, Any] = {"workers": workers}
+        if seeded:
+            kwargs["seeded"] = True
+        label = ", seeded" if seeded else ""
         if workers == "threads":
             if processes is not None:
                 raise ValueError('processes= is for workers="processes"')
-            native = self._p.py_op(fn, f"{kind}({qualname}, threads)", qualname, filter, "threads")
+            target = _pymap.Seeded(fn) if seeded else fn
+            native = self._p.py_op(target, f"{kind}({qualname}, threads{label})", qualname, filter,
+                                   "threads", seeded)
             return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages)
         if workers != "processes":
             raise ValueError(f'workers must be "processes" or "threads", not {workers!r}')
@@ -153,7 +164,8 @@ class Pipeline:
         if processes is not None:
             kwargs["processes"] = processes
         stage = _pymap.ProcessStage(fn, n, filter)
-        native = self._p.py_op(stage, f"{kind}({qualname}, processes={n})", qualname, filter, "processes")
+        native = self._p.py_op(stage, f"{kind}({qualname}, processes={n}{label})", qualname, filter,
+                               "processes", seeded)
         return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages + (stage,))
 
     def apply(self, op: Mapping[str, Any], /) -> Pipeline:

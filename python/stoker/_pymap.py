@@ -250,14 +250,14 @@ def _worker_main(conn: Any, fn_pickle: bytes, filter_: bool, name: str) -> None:
                 return
             if not msg:
                 return
-            req_name, header = pickle.loads(msg)
+            req_name, header, seed = pickle.loads(msg)
             if req_name is not None:
                 if req is not None:
                     req.close()
                 req = _Segment(req_name, 0, create=False)
             try:
                 sample = _read(header, req)
-                out = fn(sample)
+                out = fn(sample) if seed is None else fn(sample, rng_of(seed))
             except Exception:
                 conn.send_bytes(pickle.dumps(("err", traceback.format_exc(), None), protocol=5))
                 continue
@@ -322,7 +322,7 @@ class _Worker:
     def pid(self) -> int | None:
         return self.proc.pid
 
-    def request(self, sample: dict[str, Any], filter_: bool) -> Any:
+    def request(self, sample: dict[str, Any], filter_: bool, seed: int | None = None) -> Any:
         header, payloads, need = _plan(sample, check=False)
         new_name = None
         if self.req is None or need > self.req.size:
@@ -336,7 +336,7 @@ class _Worker:
         _write(self.req, payloads)
         del payloads
         try:
-            self.conn.send_bytes(pickle.dumps((new_name, header), protocol=5))
+            self.conn.send_bytes(pickle.dumps((new_name, header, seed), protocol=5))
             msg = self.conn.recv_bytes()  # waits with the GIL released
         except (EOFError, OSError) as e:
             self.dead = True
@@ -553,15 +553,16 @@ class ProcessStage:
         if pool is not None:
             pool.close()
 
-    def call(self, sample: dict[str, Any]) -> tuple[Any, Any]:
+    def call(self, sample: dict[str, Any], seed: int | None = None) -> tuple[Any, Any]:
         """Runs the function on ``sample`` in a worker: ``(result, token)``; the caller
-        gives ``token`` to :meth:`release` once it is done with ``result``."""
+        gives ``token`` to :meth:`release` once it is done with ``result``. With a
+        ``seed``, the worker calls ``fn(sample, rng_of(seed))``."""
         pool = self._pool
         if pool is None:
             raise RuntimeError("the run this sample belongs to has ended")
         w = pool.acquire()
         try:
-            out = w.request(sample, self.filter)
+            out = w.request(sample, self.filter, seed)
         except BaseException:
             pool.give_back(w)
             raise
@@ -578,6 +579,21 @@ class ProcessStage:
 
     def __reduce__(self) -> Any:
         raise TypeError("a ProcessStage does not pickle (its Pipeline does, by its recipe)")
+
+
+def rng_of(seed: int) -> np.random.Generator:
+    """The generator a seeded function gets for the sample whose seed is ``seed``."""
+    return np.random.Generator(np.random.PCG64(seed))
+
+
+class Seeded:
+    """A seeded function run on the engine's threads: called with the sample and its seed."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, sample: dict[str, Any], seed: int) -> Any:
+        return self.fn(sample, rng_of(seed))
 
 
 def _qualname(fn: Any) -> str:

@@ -372,6 +372,57 @@ def test_resume_is_exact_with_a_python_map(s3, prefix, mode):
     assert [norm(b) for b in p.load_state_dict(state)] == full[13:]
 
 
+def jitter(s, rng):
+    """A random augmentation written with the generator a seeded map is given."""
+    out = dict(s)
+    out["bin"] = s["bin"] + rng.normal(size=s["bin"].shape).astype(np.float32)
+    out["coin"] = int(rng.integers(0, 1 << 30))
+    return out
+
+
+def seeded_pipeline(s3, prefix: str, mode: str, threads: int = 2, seed: int = 5) -> stoker.Pipeline:
+    return (
+        tar_pipeline(s3, prefix)
+        .shuffle_shards()
+        .interleave(2)
+        .map(jitter, seeded=True, **workers(mode))
+        .epochs(2)
+        .seed(seed)
+        .options(threads=threads)
+    )
+
+
+def test_a_seeded_function_draws_the_same_for_a_sample_whatever_runs_it(s3, prefix):
+    runs = {
+        (mode, threads): [norm(s) for s in seeded_pipeline(s3, prefix, mode, threads)]
+        for mode in MODES
+        for threads in (1, 3)
+    }
+    first = runs[("threads", 1)]
+    assert len(first) == 60
+    for key, out in runs.items():
+        assert out == first, f"{key} drew differently"
+    coins = [s["coin"] for s in first]
+    # Per sample and per epoch: 30 samples, 2 epochs, all draws distinct.
+    assert len(set(coins)) == 60
+    other = [norm(s) for s in seeded_pipeline(s3, prefix, "threads", seed=6)]
+    assert [s["coin"] for s in other] != coins
+    assert "py_map(jitter, threads, seeded)" in seeded_pipeline(s3, prefix, "threads").explain()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_resume_repeats_a_seeded_function_s_draws(s3, prefix, mode):
+    p = seeded_pipeline(s3, prefix, mode).shuffle(8).batch(4)
+    full = [norm(b) for b in p]
+    run = p.run()
+    head = [norm(next(run)) for _ in range(9)]
+    state = run.state_dict()
+    del run
+    assert head + [norm(b) for b in p.resume(state)] == full
+    q = pickle.loads(pickle.dumps(p))
+    assert [norm(b) for b in q] == full
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_pipeline_with_a_python_map_pickles(s3, prefix, mode):
     p = tar_pipeline(s3, prefix).map(text_and_length, **workers(mode)).filter(even, **workers(mode))

@@ -180,7 +180,9 @@ impl PyPipeline {
     /// Adds a Python function as a per-sample operator (`stoker.Pipeline.map(fn)`):
     /// `target` is the function itself (`mode="threads"`) or a `stoker._pymap.ProcessStage`
     /// (`mode="processes"`); `name` is what plans and errors show, `qualname` the
-    /// function's. A filter keeps the samples for which the function is true.
+    /// function's. A filter keeps the samples for which the function is true. `seeded`:
+    /// the target is also given the sample's seed (`target(sample, seed)`, or
+    /// `target.call(sample, seed)`; else `None`).
     fn py_op(
         &self,
         target: Py<PyAny>,
@@ -188,6 +190,7 @@ impl PyPipeline {
         qualname: String,
         filter: bool,
         mode: &str,
+        seeded: bool,
     ) -> PyResult<Self> {
         let mode = match mode {
             "threads" => Mode::Threads,
@@ -198,7 +201,7 @@ impl PyPipeline {
                 )))
             }
         };
-        let op = PyOp::new(name, qualname, filter, mode, target);
+        let op = PyOp::new(name, qualname, filter, seeded, mode, target);
         Ok(self.with(|p| p.map(op)))
     }
 

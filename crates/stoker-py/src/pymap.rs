@@ -17,6 +17,13 @@
 //!
 //! In both, the sample reaches Python as the iterator yields it (memoryviews, NumPy arrays,
 //! no copy) and the result comes back as a [`Sample`] (one copy of each array or bytes).
+//!
+//! **Seeded functions** (`map(fn, seeded=True)`): the call also passes a 64-bit seed drawn
+//! from the operator's per-sample generator ([`OpContext::rng`]: the pipeline's seed, the
+//! epoch, the sample's origin and the operator's index), from which the Python side builds
+//! the `numpy.random.Generator` handed to `fn(sample, rng)`. The draws then depend on the
+//! sample, not on which thread or process ran it or when, so they repeat under any
+//! parallelism and after a resume, as a native random operator's do.
 //! An exception becomes an operator error holding the Python traceback.
 //!
 //! **Interpreter exit.** A thread that asks for the GIL while the interpreter finalizes is
@@ -95,6 +102,8 @@ pub(crate) struct PyOp {
     meta: OpMeta,
     qualname: String,
     filter: bool,
+    /// Whether the call passes the sample's seed (see the module docs).
+    seeded: bool,
     mode: Mode,
     target: Py<PyAny>,
 }
@@ -133,6 +142,7 @@ impl PyOp {
         name: String,
         qualname: String,
         filter: bool,
+        seeded: bool,
         mode: Mode,
         target: Py<PyAny>,
     ) -> PyOp {
@@ -142,6 +152,7 @@ impl PyOp {
             meta: OpMeta::new(name).filter(),
             qualname,
             filter,
+            seeded,
             mode,
             target,
         }
@@ -194,17 +205,26 @@ impl PyOp {
         })
     }
 
-    fn call(&self, py: Python<'_>, sample: Sample) -> Result<Option<Sample>, Error> {
+    fn call(
+        &self,
+        py: Python<'_>,
+        sample: Sample,
+        seed: Option<u64>,
+    ) -> Result<Option<Sample>, Error> {
         let arg = sample_to_py(py, &sample).map_err(|e| self.raised(py, &e))?;
         let target = self.target.bind(py);
         match self.mode {
             Mode::Threads => {
-                let out = target.call1((arg,)).map_err(|e| self.raised(py, &e))?;
+                let out = match seed {
+                    Some(s) => target.call1((arg, s)),
+                    None => target.call1((arg,)),
+                }
+                .map_err(|e| self.raised(py, &e))?;
                 self.outcome(sample, &out)
             }
             Mode::Processes => {
                 let got = target
-                    .call_method1("call", (arg,))
+                    .call_method1("call", (arg, seed))
                     .map_err(|e| self.raised(py, &e))?;
                 let (out, token): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
                     got.extract().map_err(|e| self.raised(py, &e))?;
@@ -227,13 +247,14 @@ impl SampleOp for PyOp {
         self.meta.clone()
     }
 
-    fn apply(&self, sample: Sample, _ctx: &mut OpContext) -> Result<Option<Sample>, Error> {
+    fn apply(&self, sample: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {
+        let seed = self.seeded.then(|| ctx.rng().next_u64());
         let Some(_pass) = GATE.enter() else {
             return Err(Error::operator(format!(
                 "Python function {} not called: the interpreter is exiting",
                 self.qualname
             )));
         };
-        Python::attach(|py| self.call(py, sample))
+        Python::attach(|py| self.call(py, sample, seed))
     }
 }
