@@ -187,10 +187,16 @@ class Pipeline:
         """Reads ``n`` shards at once, one sample from each in turn."""
         return self._then(self._p.interleave(n), "interleave", n)
 
-    def shard(self, rank: int, world: int, policy: str = "drop") -> Pipeline:
+    def shard(self, rank: int, world: int, policy: str = "drop", *, part: int = 0, parts: int = 1) -> Pipeline:
         """Keeps this data-parallel rank's share: ``"drop"`` gives every rank
-        floor(n / world) samples per epoch, ``"pad"`` ceil(n / world)."""
-        return self._then(self._p.shard(rank, world, policy), "shard", rank, world, policy)
+        floor(n / world) samples per epoch, ``"pad"`` ceil(n / world). With ``parts > 1``,
+        only part ``part`` of that share (its samples ``part``, ``part + parts``, ...: what
+        one of the rank's ``parts`` loader workers reads); the parts of a rank are its whole
+        share, and part ``k`` has as many samples on every rank."""
+        if parts == 1:
+            return self._then(self._p.shard(rank, world, policy), "shard", rank, world, policy)
+        return self._then(self._p.shard(rank, world, policy, part, parts), "shard", rank, world, policy,
+                          part=part, parts=parts)
 
     # Tail operators -------------------------------------------------------------------
 

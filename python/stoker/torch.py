@@ -169,10 +169,12 @@ class Dataset(tud.IterableDataset):
 
     Use it with ``DataLoader(ds, batch_size=None)`` (the pipeline batches). With
     ``num_workers=0`` (recommended: the engine already runs in parallel) the run is in this
-    process. With ``num_workers=K > 0`` each worker runs its own part: the pipeline is split
-    ``world_size * K`` ways, worker k of rank r taking part ``k * world_size + r``, so workers
-    read disjoint samples and every sample is read at most once; with ``"drop"`` up to
-    ``world_size * K - 1`` samples per epoch are left out (``"pad"`` repeats as many).
+    process. With ``num_workers=K > 0`` each worker runs its own part: the rank's share
+    (the same number of samples on every rank, as above) is dealt to its K workers in turn,
+    worker k taking the share's samples k, k + K, ...; workers read disjoint samples, the
+    workers of a rank together read its whole share (nothing more is dropped or repeated
+    than the rank split's ``world_size - 1`` at most), and worker k has as many samples on
+    every rank, so every rank still gets the same number of batches.
 
     Items are converted with :func:`to_torch` (``shared``, ``pin_memory``); ``to_torch=False``
     yields the run's dicts of NumPy arrays. The dataset pickles (the pipeline as its recipe),
@@ -236,10 +238,10 @@ class Dataset(tud.IterableDataset):
 
     # Iteration ----------------------------------------------------------------------
 
-    def pipeline_for(self, split: int, splits: int) -> Pipeline:
-        """The pipeline part ``split`` of ``splits`` runs (``splits`` = world size times
-        workers, or the world size without workers)."""
-        return self.pipeline.shard(split, splits, self.policy)
+    def pipeline_for(self, part: int, parts: int) -> Pipeline:
+        """The pipeline that worker ``part`` of this rank's ``parts`` workers runs (``0``
+        of ``1`` without workers): this rank's share, dealt out to the workers."""
+        return self.pipeline.shard(self.rank, self.world_size, self.policy, part=part, parts=parts)
 
     def _convert(self, item: Any, in_worker: bool) -> Any:
         if not self.to_torch:
@@ -280,10 +282,8 @@ class Dataset(tud.IterableDataset):
         part = (worker + offset) % workers
         if start is not None:
             entry = start["splits"].get(str(part))
-        split = part * self.world_size + self.rank
-        splits = self.world_size * workers
-        self._split = (split, splits)
-        p = self.pipeline_for(split, splits)
+        self._split = (part, workers)
+        p = self.pipeline_for(part, workers)
         if entry is not None and entry.get("done"):
             self._run = None
             return iter(())

@@ -364,12 +364,24 @@ def test_two_dataloader_workers_read_every_sample_exactly_once(s3, prefix):
     assert sorted(flat) == list(range(n))
 
 
-def test_uneven_counts_with_workers_leave_out_at_most_world_times_workers(s3, prefix):
+def test_workers_split_a_rank_s_share_without_leaving_anything_more_out(s3, prefix):
     n = 47
     p = tensor_pipeline(s3, prefix, n).batch(4)
+    # One rank: the 2 workers read all 47 (23 and 24), nothing left out.
     ds = st.Dataset(p, rank=0, world_size=1)
     seen = [int(i) for b in st.DataLoader(ds, num_workers=2) for i in b["cls"]]
-    assert len(set(seen)) == len(seen) == n - 1
+    assert sorted(seen) == list(range(n))
+    # Two ranks of 3 workers: each rank gets floor(47 / 2) = 23, only 1 sample is left out
+    # (not up to 2 x 3 - 1), and both ranks get the same number of batches.
+    per_rank = [
+        [b for b in st.DataLoader(st.Dataset(p, rank=r, world_size=2), num_workers=3)]
+        for r in range(2)
+    ]
+    counts = [sum(len(b["cls"]) for b in batches) for batches in per_rank]
+    assert counts == [23, 23]
+    assert len(per_rank[0]) == len(per_rank[1])
+    flat = [int(i) for batches in per_rank for b in batches for i in b["cls"]]
+    assert len(set(flat)) == len(flat) == 46
 
 
 def test_the_dataset_pickles_and_works_in_spawned_workers(s3, prefix):

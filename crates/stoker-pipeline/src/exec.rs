@@ -353,7 +353,7 @@ fn read_path(p: &Pipeline, ph: &Physical) -> ReadPath {
             "interleave = {} takes rows from {} shards in turn",
             p.cycle, p.cycle
         ))
-    } else if p.rank.is_some_and(|r| r.world > 1) {
+    } else if p.rank.is_some_and(|r| r.splits()) {
         Some("the rank split deals rows out one round at a time".into())
     } else if p.cache {
         Some("cache keeps parsed samples".into())

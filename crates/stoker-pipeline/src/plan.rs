@@ -76,7 +76,14 @@ pub enum RankPolicy {
     Pad,
 }
 
-/// Data-parallel sharding: this process is `rank` of `world`.
+/// Data-parallel sharding: this process is `rank` of `world`, and within the rank's share,
+/// part `part` of `parts` (the rank's DataLoader workers).
+///
+/// The rank's share is decided first: every rank gets the same number of samples, the
+/// remainder of `world` dropped or padded by `policy`. The share is then dealt out to the
+/// parts in turn (its samples 0, `parts`, 2 `parts`, ... to part 0), with nothing dropped:
+/// parts differ by at most one sample, and since every rank's share has the same length,
+/// part `k` of every rank gets the same number of samples (so of batches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RankSplit {
     /// This rank (0-based).
@@ -85,6 +92,17 @@ pub struct RankSplit {
     pub world: u32,
     /// What to do with the remainder.
     pub policy: RankPolicy,
+    /// This part of the rank's share (0-based).
+    pub part: u32,
+    /// Number of parts the rank's share is dealt to (1: the whole share).
+    pub parts: u32,
+}
+
+impl RankSplit {
+    /// Whether anything is split off (more than one rank or part).
+    pub fn splits(&self) -> bool {
+        self.world > 1 || self.parts > 1
+    }
 }
 
 /// One step of the logical plan.
@@ -266,11 +284,26 @@ impl Pipeline {
     }
 
     /// Keeps this rank's share (see [`RankPolicy`]).
-    pub fn shard_by_rank(mut self, rank: u32, world: u32, policy: RankPolicy) -> Self {
+    pub fn shard_by_rank(self, rank: u32, world: u32, policy: RankPolicy) -> Self {
+        self.shard_by_rank_part(rank, world, policy, 0, 1)
+    }
+
+    /// Keeps part `part` of `parts` of this rank's share (see [`RankSplit`]): what one of
+    /// a rank's `parts` DataLoader workers reads.
+    pub fn shard_by_rank_part(
+        mut self,
+        rank: u32,
+        world: u32,
+        policy: RankPolicy,
+        part: u32,
+        parts: u32,
+    ) -> Self {
         self.rank = Some(RankSplit {
             rank,
             world,
             policy,
+            part,
+            parts: parts.max(1),
         });
         self
     }

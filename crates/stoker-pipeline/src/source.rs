@@ -368,13 +368,15 @@ pub(crate) fn epoch_order(ds: &Dataset, cfg: &SourceConfig, epoch: u64) -> Vec<u
         (0..n as u32).collect()
     };
     match (ds.per_object, cfg.rank) {
-        (true, Some(r)) if r.world > 1 => {
+        (true, Some(r)) if r.splits() => {
             let w = r.world as usize;
             let rounds = match r.policy {
                 RankPolicy::Drop => n / w,
                 RankPolicy::Pad => n.div_ceil(w),
             };
             (0..rounds)
+                .skip(r.part as usize)
+                .step_by(r.parts.max(1) as usize)
                 .map(|i| order[(i * w + r.rank as usize) % n.max(1)])
                 .collect()
         }
@@ -675,10 +677,20 @@ fn run_shards(
     } else {
         cursor.slots.iter().map(|&(i, c)| open(i, c)).collect()
     };
-    let (rank, world, policy) = match cfg.rank {
-        Some(r) if r.world > 1 => (r.rank as u64, r.world as u64, r.policy),
-        _ => (0, 1, RankPolicy::Drop),
+    let (rank, world, policy, part, parts) = match cfg.rank {
+        Some(r) if r.splits() => (
+            r.rank as u64,
+            r.world as u64,
+            r.policy,
+            r.part as u64,
+            r.parts.max(1) as u64,
+        ),
+        _ => (0, 1, RankPolicy::Drop, 0, 1),
     };
+    // Round `k` (of `world` samples) gives this rank its `k`-th sample; with parts, only the
+    // rounds `k` with `k % parts == part` are this part's (failures met during a round go
+    // with it, so exactly one part of each rank reports them).
+    let ours = |round_index: u64| round_index % parts == part;
     // The current round of `world` samples (kept to pad the last one), and failures
     // waiting for the round to end (so checkpoints fall on round boundaries).
     let mut round: Vec<Element> = Vec::new();
@@ -729,6 +741,10 @@ fn run_shards(
                     // A full round: this rank's sample, then any failures met on the way.
                     let own = round.swap_remove(rank as usize);
                     round.clear();
+                    if !ours(k / world) {
+                        fails.clear();
+                        continue;
+                    }
                     let mut out =
                         std::iter::once(Produced::Elem(own)).chain(fails.drain(..).map(fail));
                     if !emit_all(cursor, &slots, &mut out) {
@@ -742,7 +758,7 @@ fn run_shards(
                     record: slots[i].consumed,
                 };
                 slots[i].consumed += 1;
-                if world == 1 {
+                if world == 1 && parts == 1 {
                     if !emit_all(cursor, &slots, &mut std::iter::once(fail((pos, error)))) {
                         return;
                     }
@@ -764,7 +780,10 @@ fn run_shards(
             }
         }
     }
-    // The last, incomplete round.
+    // The last, incomplete round (and failures after the last full one), if this part's.
+    if !ours(cursor.stream_index / world) {
+        return;
+    }
     let own = (!round.is_empty() && policy == RankPolicy::Pad).then(|| {
         let m = round.len();
         Produced::Elem(round.swap_remove((rank as usize) % m))

@@ -134,6 +134,60 @@ fn every_rank_gets_the_same_number_of_samples() {
 }
 
 #[test]
+fn a_rank_s_share_is_dealt_to_its_parts_whole_and_evenly() {
+    // DataLoader workers: part k of `parts` of each rank's share. The parts of a rank
+    // together are exactly the rank's share (nothing more dropped), dealt in turn; part k
+    // has the same length on every rank.
+    for policy in [RankPolicy::Drop, RankPolicy::Pad] {
+        for world in [1u32, 2, 3] {
+            for parts in [1u32, 2, 3] {
+                for (name, p) in [
+                    ("shards", shards().interleave(3).shuffle_shards(true)),
+                    ("files", files().shuffle_shards(true)),
+                ] {
+                    let mut part_lens = vec![Vec::new(); parts as usize];
+                    for rank in 0..world {
+                        let whole = all_keys(&p.clone().shard_by_rank(rank, world, policy).seed(9));
+                        let split: Vec<Vec<String>> = (0..parts)
+                            .map(|part| {
+                                all_keys(
+                                    &p.clone()
+                                        .shard_by_rank_part(rank, world, policy, part, parts)
+                                        .seed(9),
+                                )
+                            })
+                            .collect();
+                        let dealt: Vec<Vec<String>> = (0..parts as usize)
+                            .map(|k| {
+                                whole
+                                    .iter()
+                                    .skip(k)
+                                    .step_by(parts as usize)
+                                    .cloned()
+                                    .collect()
+                            })
+                            .collect();
+                        assert_eq!(
+                            split, dealt,
+                            "{name} {policy:?} world {world} rank {rank} parts {parts}"
+                        );
+                        for (k, s) in split.iter().enumerate() {
+                            part_lens[k].push(s.len());
+                        }
+                    }
+                    for lens in &part_lens {
+                        assert!(
+                            lens.windows(2).all(|w| w[0] == w[1]),
+                            "{name} {policy:?} world {world} parts {parts}: {part_lens:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn batches_keep_or_drop_the_last_partial_one() {
     let sizes = |drop_last| -> Vec<usize> {
         files()

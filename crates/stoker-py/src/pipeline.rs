@@ -221,10 +221,16 @@ impl PyPipeline {
         Ok(self.with(|p| p.interleave(cycle)))
     }
 
-    fn shard(&self, rank: u32, world: u32, policy: &str) -> PyResult<Self> {
+    #[pyo3(signature = (rank, world, policy, part = 0, parts = 1))]
+    fn shard(&self, rank: u32, world: u32, policy: &str, part: u32, parts: u32) -> PyResult<Self> {
         if world == 0 || rank >= world {
             return Err(invalid(format!(
                 "rank {rank} of world {world} is not a valid rank"
+            )));
+        }
+        if parts == 0 || part >= parts {
+            return Err(invalid(format!(
+                "part {part} of {parts} parts is not a valid part"
             )));
         }
         let policy = match policy {
@@ -236,7 +242,7 @@ impl PyPipeline {
                 )))
             }
         };
-        Ok(self.with(|p| p.shard_by_rank(rank, world, policy)))
+        Ok(self.with(|p| p.shard_by_rank_part(rank, world, policy, part, parts)))
     }
 
     fn shuffle(&self, buffer: usize) -> PyResult<Self> {
