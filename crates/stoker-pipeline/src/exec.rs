@@ -29,8 +29,18 @@
 //! source keeps the cursor it had after each `seq` until the consumer is past it, and the
 //! shuffle stage keeps an undo log of its moves. So [`Run::state`] can give the state as of
 //! the last item the consumer took (not as of what the pipeline has read ahead): the source
-//! cursor after that `seq`, and the shuffle buffer rewound to that moment, as positions. A
+//! cursor after that `seq`, and the shuffle buffers rewound to that moment, as positions. A
 //! restored run reopens the source at the cursor and reads the buffered positions again.
+//!
+//! An item in the tail carries what it is made of as positions (a [`Key`]): a sample its
+//! source position, a batch its samples' keys, and a sample `unbatch` cut from a batch that
+//! batch's keys and its place in it (such a sample can depend on the whole batch: a padding
+//! collate, operators on batches). So a shuffle buffer of batches, or of cut samples, is
+//! checkpointed as positions too, and made again on resume by reading the samples, collating
+//! and cutting them again. An unbatch stage notes the batch it is cutting and how many of
+//! its samples it has handed on; a restored run hands on the rest first (as the first run
+//! did after the checkpoint), from the deepest stage up, as a pack stage replays its
+//! documents.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -91,24 +101,51 @@ impl Item {
     }
 }
 
+/// An item a tail stage holds, as positions: enough to make it again on resume.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum ItemPos {
+    /// A sample from the source: its position.
+    Sample(Pos),
+    /// A sample `unbatch` cut from a batch: the batch (an index into
+    /// [`PipelineState::cuts`]) and the sample's place in it. Such a sample depends on the
+    /// whole batch (a padding collate, operators on batches), so the batch is made again.
+    Cut {
+        /// Index into [`PipelineState::cuts`].
+        cut: u32,
+        /// Place in that batch.
+        index: u32,
+    },
+    /// A batch: its samples, in order.
+    Batch(Vec<ItemPos>),
+}
+
 /// A tail stage's state in a checkpoint.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum StageState {
     /// Keeps nothing.
     Stateless,
-    /// A shuffle buffer: picks made this epoch, and the buffered samples' positions in
-    /// buffer order.
+    /// A shuffle buffer: picks made this epoch, and the buffered items (samples, or
+    /// batches for a shuffle after a batch) in buffer order.
     Shuffle {
         /// Picks made.
         emitted: u64,
-        /// Positions in the buffer.
-        buffer: Vec<Pos>,
+        /// The items in the buffer.
+        buffer: Vec<ItemPos>,
     },
     /// A batch being filled.
     Batch {
-        /// Positions of its samples so far.
-        partial: Vec<Pos>,
+        /// Its samples so far.
+        partial: Vec<ItemPos>,
+    },
+    /// An unbatch stage, cutting a batch into samples.
+    Unbatch {
+        /// The batch it is cutting (an index into [`PipelineState::cuts`]), if it has
+        /// handed on some of its samples but not all.
+        cut: Option<u32>,
+        /// Samples of it handed on.
+        sent: u32,
     },
     /// A take or skip counter.
     Count {
@@ -148,6 +185,11 @@ pub struct PipelineState {
     pub yielded: u64,
     /// Samples yielded in all.
     pub samples_yielded: u64,
+    /// The batches `unbatch` cut samples from that the stages still hold samples of (or
+    /// are cutting): each one's samples, in order. A batch may name earlier ones (after a
+    /// second unbatch).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cuts: Vec<Vec<ItemPos>>,
 }
 
 impl PipelineState {
@@ -161,7 +203,7 @@ impl PipelineState {
     }
 }
 
-const STATE_VERSION: u32 = 1;
+const STATE_VERSION: u32 = 2;
 /// Most samples in one hand-off between threads.
 const CHUNK: usize = 64;
 /// The work one hand-off to the workers aims at. A chunk of expensive samples (a decoded
@@ -459,12 +501,129 @@ fn producer_name(p: &[(usize, Arc<dyn SampleOp>)]) -> String {
     )
 }
 
-/// The shuffle buffer's positions and undo log, shared with the consumer side.
+/// What an item in the tail is made of, as positions (the run's form of [`ItemPos`]).
+/// Batches share their list of members: a sample cut from a batch points at it, so the
+/// samples of one batch name it once, and a checkpoint writes it once.
+#[derive(Debug, Clone)]
+enum Key {
+    /// A sample from the source.
+    Pos(Pos),
+    /// The sample at this place of a batch that `unbatch` cut.
+    Cut(Arc<[Key]>, u32),
+    /// A batch of these samples.
+    Batch(Arc<[Key]>),
+}
+
+/// A sample's place in the batch `unbatch` cut it from (None: it was never in one).
+type CutFrom = Option<(Arc<[Key]>, u32)>;
+
+impl Key {
+    fn of_elem(el: &Element, cut: &CutFrom) -> Key {
+        match cut {
+            Some((m, k)) => Key::Cut(m.clone(), *k),
+            None => Key::Pos(el.pos),
+        }
+    }
+
+    /// The source position (of a batch: of its first sample).
+    fn pos(&self) -> Pos {
+        match self {
+            Key::Pos(p) => *p,
+            Key::Cut(m, k) => m[*k as usize].pos(),
+            Key::Batch(m) => m.first().map_or(
+                Pos {
+                    shard: 0,
+                    record: 0,
+                },
+                Key::pos,
+            ),
+        }
+    }
+
+    /// The source positions it is made of (a cut sample: those of its whole batch).
+    fn leaves(&self, out: &mut Vec<Pos>) {
+        match self {
+            Key::Pos(p) => out.push(*p),
+            Key::Cut(m, _) | Key::Batch(m) => m.iter().for_each(|k| k.leaves(out)),
+        }
+    }
+
+    fn decode(i: &ItemPos, cuts: &[Arc<[Key]>]) -> Result<Key, Error> {
+        Ok(match i {
+            ItemPos::Sample(p) => Key::Pos(*p),
+            ItemPos::Cut { cut, index } => match cuts.get(*cut as usize) {
+                Some(m) if (*index as usize) < m.len() => Key::Cut(m.clone(), *index),
+                _ => return Err(foreign_state("a cut sample names no batch")),
+            },
+            ItemPos::Batch(v) => Key::Batch(
+                v.iter()
+                    .map(|i| Key::decode(i, cuts))
+                    .collect::<Result<_, _>>()?,
+            ),
+        })
+    }
+}
+
+fn foreign_state(what: &str) -> Error {
+    Error::invalid(format!(
+        "this state was not taken from a run of this pipeline ({what})"
+    ))
+}
+
+/// The batches of a checkpoint's cut samples, each written once ([`PipelineState::cuts`]).
+#[derive(Default)]
+struct CutTable {
+    cuts: Vec<Vec<ItemPos>>,
+    /// By the address of the batch's member list.
+    ids: HashMap<usize, u32>,
+}
+
+impl CutTable {
+    fn cut_id(&mut self, m: &Arc<[Key]>) -> u32 {
+        let addr = Arc::as_ptr(m) as *const Key as usize;
+        if let Some(id) = self.ids.get(&addr) {
+            return *id;
+        }
+        // Members first: a batch names only earlier ones.
+        let members = m.iter().map(|k| self.item(k)).collect();
+        self.cuts.push(members);
+        let id = (self.cuts.len() - 1) as u32;
+        self.ids.insert(addr, id);
+        id
+    }
+
+    fn item(&mut self, k: &Key) -> ItemPos {
+        match k {
+            Key::Pos(p) => ItemPos::Sample(*p),
+            Key::Cut(m, index) => ItemPos::Cut {
+                cut: self.cut_id(m),
+                index: *index,
+            },
+            Key::Batch(m) => ItemPos::Batch(m.iter().map(|k| self.item(k)).collect()),
+        }
+    }
+}
+
+/// The batches a state's cut samples come from, as the run holds them.
+fn decode_cuts(cuts: &[Vec<ItemPos>]) -> Result<Vec<Arc<[Key]>>, Error> {
+    let mut out: Vec<Arc<[Key]>> = Vec::with_capacity(cuts.len());
+    for c in cuts {
+        let m = c
+            .iter()
+            .map(|i| Key::decode(i, &out))
+            .collect::<Result<Vec<_>, _>>()?;
+        out.push(m.into());
+    }
+    Ok(out)
+}
+
+/// The shuffle buffers' contents (as keys) and one undo log of their moves, shared with the
+/// consumer side. Indexed by tail stage.
 #[derive(Debug, Default)]
 struct ShuffleMirror {
-    buf: Vec<Pos>,
-    emitted: u64,
-    log: VecDeque<ShufMove>,
+    bufs: Vec<Vec<Key>>,
+    emitted: Vec<u64>,
+    log: VecDeque<(usize, ShufMove)>,
     base: u64,
     keep_from: u64,
 }
@@ -472,55 +631,74 @@ struct ShuffleMirror {
 #[derive(Debug, Clone)]
 enum ShufMove {
     Push,
-    Replace { slot: usize, out: Pos },
-    Remove { slot: usize, out: Pos },
+    Replace { slot: usize, out: Key },
+    Remove { slot: usize, out: Key },
     EpochStart { emitted: u64 },
 }
 
 impl ShuffleMirror {
+    fn new(stages: usize) -> ShuffleMirror {
+        ShuffleMirror {
+            bufs: vec![Vec::new(); stages],
+            emitted: vec![0; stages],
+            ..ShuffleMirror::default()
+        }
+    }
     fn ops(&self) -> u64 {
         self.base + self.log.len() as u64
     }
-    fn record(&mut self, m: ShufMove) {
+    fn record(&mut self, stage: usize, m: ShufMove) {
         while self.base < self.keep_from && !self.log.is_empty() {
             self.log.pop_front();
             self.base += 1;
         }
-        self.log.push_back(m);
+        self.log.push_back((stage, m));
     }
-    /// The buffer and pick count as they were after `ops` moves.
-    fn rewound(&self, ops: u64) -> Result<(Vec<Pos>, u64), Error> {
+    /// Every buffer and pick count as they were after `ops` moves.
+    #[allow(clippy::type_complexity)]
+    fn rewound(&self, ops: u64) -> Result<(Vec<Vec<Key>>, Vec<u64>), Error> {
         if ops < self.base {
             return Err(Error::invalid(
                 "checkpoint too old: the undo log was pruned",
             ));
         }
-        let mut buf = self.buf.clone();
-        let mut emitted = self.emitted;
-        for m in self.log.iter().skip((ops - self.base) as usize).rev() {
+        let mut bufs = self.bufs.clone();
+        let mut emitted = self.emitted.clone();
+        for (i, m) in self.log.iter().skip((ops - self.base) as usize).rev() {
+            let (buf, emitted) = (&mut bufs[*i], &mut emitted[*i]);
             match m {
                 ShufMove::Push => {
                     buf.pop();
                 }
                 ShufMove::Replace { slot, out } => {
-                    buf[*slot] = *out;
-                    emitted -= 1;
+                    buf[*slot] = out.clone();
+                    *emitted -= 1;
                 }
                 ShufMove::Remove { slot, out } => {
                     if *slot == buf.len() {
-                        buf.push(*out);
+                        buf.push(out.clone());
                     } else {
-                        let moved = buf[*slot];
+                        let moved = buf[*slot].clone();
                         buf.push(moved);
-                        buf[*slot] = *out;
+                        buf[*slot] = out.clone();
                     }
-                    emitted -= 1;
+                    *emitted -= 1;
                 }
-                ShufMove::EpochStart { emitted: e } => emitted = *e,
+                ShufMove::EpochStart { emitted: e } => *emitted = *e,
             }
         }
-        Ok((buf, emitted))
+        Ok((bufs, emitted))
     }
+}
+
+/// A stage's part of a mark: its checkpoint, or what makes it when asked for.
+#[derive(Debug, Clone)]
+enum StageMark {
+    Fixed(StageState),
+    /// Filled in from the shuffle mirror, rewound.
+    Shuffle,
+    Batch(Vec<Key>),
+    Unbatch(Option<Arc<[Key]>>, u32),
 }
 
 /// Where the consumer is, as of one item.
@@ -531,7 +709,7 @@ struct Mark {
     epoch: u64,
     last_seq: Option<u64>,
     shuffle_ops: u64,
-    stages: Vec<StageState>,
+    stages: Vec<StageMark>,
     yielded_in_epoch: u64,
 }
 
@@ -660,8 +838,10 @@ impl Run {
         }
         let resumable = if !p.options.deterministic {
             Err("state() needs a deterministic run".to_string())
-        } else if ph.tail.iter().any(|t| matches!(t, TailOp::Unbatch)) {
-            Err("state() does not support unbatch yet".to_string())
+        } else if ph.tail.iter().any(|t| matches!(t, TailOp::Unbatch))
+            && ph.tail.iter().any(|t| matches!(t, TailOp::Pack(_)))
+        {
+            Err("state() does not support unbatch together with pack yet".to_string())
         } else if ph
             .tail
             .iter()
@@ -677,13 +857,6 @@ impl Run {
             .any(|t| matches!(t, TailOp::Shuffle(_)))
         {
             Err("state() does not support a shuffle after pack yet".to_string())
-        } else if ph
-            .tail
-            .iter()
-            .skip_while(|t| !matches!(t, TailOp::Batch(..)))
-            .any(|t| matches!(t, TailOp::Shuffle(_)))
-        {
-            Err("state() does not support a shuffle after a batch yet".to_string())
         } else {
             Ok(())
         };
@@ -706,7 +879,7 @@ impl Run {
             stats: StatsHub::new(names),
             history: Mutex::new(VecDeque::new()),
             epoch_start: Mutex::new(HashMap::new()),
-            shuffle: Mutex::new(ShuffleMirror::default()),
+            shuffle: Mutex::new(ShuffleMirror::new(ph.tail.len())),
             stop: AtomicBool::new(false),
             tail_next: Mutex::new(0),
             tail_moved: Condvar::new(),
@@ -731,6 +904,7 @@ impl Run {
                         buffer: vec![],
                     },
                     TailOp::Batch(..) => StageState::Batch { partial: vec![] },
+                    TailOp::Unbatch => StageState::Unbatch { cut: None, sent: 0 },
                     TailOp::Take(_) | TailOp::Skip(_) => StageState::Count { seen: 0 },
                     TailOp::Pack(_) => StageState::Pack {
                         blocks: 0,
@@ -744,6 +918,7 @@ impl Run {
             yielded_in_epoch: 0,
             yielded: 0,
             samples_yielded: 0,
+            cuts: vec![],
         });
 
         // Hand-offs carry chunks of up to CHUNK samples: one wake-up per chunk, not per
@@ -865,13 +1040,34 @@ impl Run {
                 .cloned()
                 .unwrap_or_default(),
         };
-        let mut stages = m.stages.clone();
-        for st in stages.iter_mut() {
-            if let StageState::Shuffle { emitted, buffer } = st {
-                let (b, e) = self.shared.shuffle.lock().rewound(m.shuffle_ops)?;
-                *buffer = b;
-                *emitted = e;
-            }
+        let shuffled = if m.stages.iter().any(|s| matches!(s, StageMark::Shuffle)) {
+            Some(self.shared.shuffle.lock().rewound(m.shuffle_ops)?)
+        } else {
+            None
+        };
+        let mut table = CutTable::default();
+        let mut stages = Vec::with_capacity(m.stages.len());
+        for (i, sm) in m.stages.iter().enumerate() {
+            stages.push(match sm {
+                StageMark::Fixed(s) => s.clone(),
+                StageMark::Shuffle => {
+                    let (bufs, emitted) = shuffled.as_ref().expect("rewound");
+                    StageState::Shuffle {
+                        emitted: emitted[i],
+                        buffer: bufs[i].iter().map(|k| table.item(k)).collect(),
+                    }
+                }
+                StageMark::Batch(keys) => StageState::Batch {
+                    partial: keys.iter().map(|k| table.item(k)).collect(),
+                },
+                StageMark::Unbatch(Some(batch), sent) if (*sent as usize) < batch.len() => {
+                    StageState::Unbatch {
+                        cut: Some(table.cut_id(batch)),
+                        sent: *sent,
+                    }
+                }
+                StageMark::Unbatch(..) => StageState::Unbatch { cut: None, sent: 0 },
+            });
         }
         Ok(PipelineState {
             version: STATE_VERSION,
@@ -882,6 +1078,7 @@ impl Run {
             yielded_in_epoch: m.yielded_in_epoch,
             yielded: self.yielded,
             samples_yielded: self.samples,
+            cuts: table.cuts,
         })
     }
 }
@@ -1068,8 +1265,9 @@ fn run_one(
             hold,
         } => {
             let t0 = Instant::now();
+            let members: Arc<[Key]> = positions.into_iter().map(Key::Pos).collect();
             let r =
-                Batch::from_columns(parts, &collate).map(|b| Some(Flow::Batch(b, positions, hold)));
+                Batch::from_columns(parts, &collate).map(|b| Some(Flow::Batch(b, members, hold)));
             if let Some(c) = collating {
                 c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
             }
@@ -1089,7 +1287,7 @@ fn run_one(
                         producer_name(producer)
                     )))
                 })
-                .map(|el| el.map(Flow::Elem)),
+                .map(|el| el.map(|el| Flow::Elem(el, None))),
             )
         }
     };
@@ -1135,27 +1333,41 @@ fn apply_producer(
     Ok(Some(el))
 }
 
-/// What the tail passes between its stages.
+/// What the tail passes between its stages: a sample (with the batch it was cut from,
+/// after an unbatch), or a batch (with its samples' keys).
 enum Flow {
-    Elem(Element),
-    Batch(Batch, Vec<Pos>, Option<Reservation>),
+    Elem(Element, CutFrom),
+    Batch(Batch, Arc<[Key]>, Option<Reservation>),
+}
+
+impl Flow {
+    fn key(&self) -> Key {
+        match self {
+            Flow::Elem(el, cut) => Key::of_elem(el, cut),
+            Flow::Batch(_, m, _) => Key::Batch(m.clone()),
+        }
+    }
 }
 
 enum Stage {
     Map(usize, Arc<dyn SampleOp>),
     Shuffle {
         size: usize,
-        buf: Vec<Element>,
+        buf: Vec<Flow>,
         emitted: u64,
     },
     Batch {
         size: usize,
         drop_last: bool,
         collate: CollatePolicy,
-        partial: Vec<Element>,
+        partial: Vec<(Element, CutFrom)>,
     },
     Pack(Box<PackStage>),
-    Unbatch,
+    /// The batch being cut and how many of its samples were handed on.
+    Unbatch {
+        cutting: Option<Arc<[Key]>>,
+        sent: u32,
+    },
     Take(u64, u64),
     Skip(u64, u64),
 }
@@ -1222,15 +1434,18 @@ impl TailCtx {
                 out_buf: Vec::new(),
                 failed: false,
             };
-            match run.init_stages(restored) {
-                Ok(s) => run.stages = s,
+            let got = match run.init_stages(restored) {
+                Ok((s, got)) => {
+                    run.stages = s;
+                    got
+                }
                 Err(e) => {
                     let _ = out_tx.send(vec![OutMsg::Err(e)]);
                     return;
                 }
-            }
+            };
             if let Some(st) = restored {
-                if let Err(e) = run.replay(st) {
+                if let Err(e) = run.replay(st, &got) {
                     run.fail(e);
                 }
                 if run.failed {
@@ -1407,59 +1622,117 @@ impl TailCtx {
 }
 
 impl TailRun<'_> {
-    fn init_stages(&self, restored: Option<&PipelineState>) -> Result<Vec<Stage>, Error> {
+    /// The stages, restored from `restored` when given; with the samples the restored
+    /// stages are made of, read again (by position), for [`TailRun::replay`].
+    fn init_stages(
+        &self,
+        restored: Option<&PipelineState>,
+    ) -> Result<(Vec<Stage>, HashMap<Pos, Sample>), Error> {
         let ctx = self.ctx;
+        let cuts = match restored {
+            Some(s) => decode_cuts(&s.cuts)?,
+            None => Vec::new(),
+        };
+        let decode = |v: &[ItemPos]| {
+            v.iter()
+                .map(|i| Key::decode(i, &cuts))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let cut = |c: &Option<u32>| match c {
+            Some(c) => cuts
+                .get(*c as usize)
+                .cloned()
+                .map(Some)
+                .ok_or_else(|| foreign_state("an unbatch names no batch")),
+            None => Ok(None),
+        };
+        // The keys of every restored stage, and the samples they are made of, read at once.
+        let mut keys: Vec<Vec<Key>> = Vec::with_capacity(ctx.ph_tail.len());
+        let mut leaves = Vec::new();
+        let mut after_pack = false;
+        for (i, t) in ctx.ph_tail.iter().enumerate() {
+            after_pack |= matches!(t, TailOp::Pack(_));
+            let k = match (t, restored.map(|s| &s.stages[i])) {
+                (TailOp::Shuffle(_), Some(StageState::Shuffle { buffer, .. })) => decode(buffer)?,
+                (TailOp::Batch(..), Some(StageState::Batch { partial })) => decode(partial)?,
+                (TailOp::Unbatch, Some(StageState::Unbatch { cut: c, .. })) => {
+                    cut(c)?.map(Key::Batch).into_iter().collect()
+                }
+                _ => Vec::new(),
+            };
+            // A checkpoint is never taken while a batch after a pack holds blocks (see the
+            // `pack` module).
+            if after_pack && matches!(t, TailOp::Batch(..)) && !k.is_empty() {
+                return Err(foreign_state("a batch of packed blocks being filled"));
+            }
+            k.iter().for_each(|k| k.leaves(&mut leaves));
+            keys.push(k);
+        }
+        leaves.sort_unstable();
+        leaves.dedup();
+        let got: HashMap<Pos, Sample> = if leaves.is_empty() {
+            HashMap::new()
+        } else {
+            leaves
+                .iter()
+                .copied()
+                .zip(materialize(&ctx.ds, &leaves)?)
+                .collect()
+        };
         let mut stages = Vec::new();
         let mut mirror = ctx.shared.shuffle.lock();
-        let mut after_pack = false;
         for (i, t) in ctx.ph_tail.iter().enumerate() {
             let st = restored.map(|s| &s.stages[i]);
             stages.push(match t {
                 TailOp::Map(i, op) => Stage::Map(*i, op.clone()),
                 TailOp::Shuffle(n) => {
-                    let (buf, emitted) = match st {
-                        Some(StageState::Shuffle { emitted, buffer }) => {
-                            (self.rematerialize(buffer, i)?, *emitted)
-                        }
-                        _ => (Vec::new(), 0),
+                    let emitted = match st {
+                        Some(StageState::Shuffle { emitted, .. }) => *emitted,
+                        _ => 0,
                     };
-                    let prev = mirror.emitted;
-                    mirror.record(ShufMove::EpochStart { emitted: prev });
-                    mirror.buf = buf.iter().map(|e| e.pos).collect();
-                    mirror.emitted = emitted;
+                    let buf = keys[i]
+                        .iter()
+                        .map(|k| self.remake(k, i, &got))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let prev = mirror.emitted[i];
+                    mirror.record(i, ShufMove::EpochStart { emitted: prev });
+                    mirror.bufs[i] = std::mem::take(&mut keys[i]);
+                    mirror.emitted[i] = emitted;
                     Stage::Shuffle {
                         size: *n,
                         buf,
                         emitted,
                     }
                 }
-                TailOp::Batch(n, d, c) => Stage::Batch {
-                    size: *n,
-                    drop_last: *d,
-                    collate: c.clone(),
-                    partial: match st {
-                        // A checkpoint is never taken while a batch after a pack holds
-                        // blocks (see the `pack` module).
-                        Some(StageState::Batch { partial })
-                            if after_pack && !partial.is_empty() =>
-                        {
-                            return Err(Error::invalid(
-                                "this state was not taken from a run of this pipeline (a \
-                                 batch of packed blocks being filled)",
-                            ))
+                TailOp::Batch(n, d, c) => {
+                    let mut partial = Vec::with_capacity(keys[i].len());
+                    for k in &keys[i] {
+                        match self.remake(k, i, &got)? {
+                            Flow::Elem(el, cut) => partial.push((el, cut)),
+                            Flow::Batch(..) => return Err(foreign_state("a batch of batches")),
                         }
-                        Some(StageState::Batch { partial }) => self.rematerialize(partial, i)?,
-                        _ => Vec::new(),
+                    }
+                    Stage::Batch {
+                        size: *n,
+                        drop_last: *d,
+                        collate: c.clone(),
+                        partial,
+                    }
+                }
+                TailOp::Pack(p) => Stage::Pack(Box::new(match st {
+                    Some(st) => PackStage::restore(p.clone(), st)?,
+                    None => PackStage::new(p.clone())?,
+                })),
+                TailOp::Unbatch => match st {
+                    Some(StageState::Unbatch { cut: c, sent }) => Stage::Unbatch {
+                        cutting: cut(c)?,
+                        sent: *sent,
+                    },
+                    _ => Stage::Unbatch {
+                        cutting: None,
+                        sent: 0,
                     },
                 },
-                TailOp::Pack(p) => {
-                    after_pack = true;
-                    Stage::Pack(Box::new(match st {
-                        Some(st) => PackStage::restore(p.clone(), st)?,
-                        None => PackStage::new(p.clone())?,
-                    }))
-                }
-                TailOp::Unbatch => Stage::Unbatch,
                 TailOp::Take(n) => Stage::Take(
                     *n,
                     match st {
@@ -1476,22 +1749,45 @@ impl TailRun<'_> {
                 ),
             });
         }
-        Ok(stages)
+        Ok((stages, got))
     }
 
-    /// Pushes the documents of a restored pack stage through it again (see the `pack`
-    /// module): the blocks they complete go down the tail as they did before.
-    fn replay(&mut self, restored: &PipelineState) -> Result<(), Error> {
-        for i in 0..self.stages.len() {
-            let docs = match (&self.stages[i], &restored.stages[i]) {
-                (Stage::Pack(_), StageState::Pack { docs, .. }) => docs,
-                _ => continue,
-            };
-            for el in self.rematerialize(docs, i)? {
-                self.push(i, Flow::Elem(el));
-                if self.failed {
-                    return Ok(());
+    /// Hands on, from the deepest stage up, what the restored stages were handing on when
+    /// the checkpoint was taken (as the first run did after it): the rest of the batch an
+    /// unbatch was cutting, and the blocks a pack stage's documents complete (see the
+    /// `pack` module; they are pushed through it again).
+    fn replay(
+        &mut self,
+        restored: &PipelineState,
+        got: &HashMap<Pos, Sample>,
+    ) -> Result<(), Error> {
+        for i in (0..self.stages.len()).rev() {
+            match (&self.stages[i], &restored.stages[i]) {
+                (Stage::Pack(_), StageState::Pack { docs, .. }) => {
+                    for el in self.rematerialize(docs, i)? {
+                        self.push(i, Flow::Elem(el, None));
+                        if self.failed {
+                            return Ok(());
+                        }
+                    }
                 }
+                (
+                    Stage::Unbatch {
+                        cutting: Some(m),
+                        sent,
+                    },
+                    _,
+                ) => {
+                    let (m, sent) = (m.clone(), *sent);
+                    let Flow::Batch(b, ..) = self.remake_batch(&m, i, got)? else {
+                        unreachable!("remake_batch makes a batch")
+                    };
+                    self.cut_out(i, m, b.unbatch()?, sent);
+                    if self.failed {
+                        return Ok(());
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -1500,30 +1796,163 @@ impl TailRun<'_> {
     /// Samples at `positions`, read again and passed through the producer and the tail
     /// maps before stage `upto`.
     fn rematerialize(&self, positions: &[Pos], upto: usize) -> Result<Vec<Element>, Error> {
-        let ctx = self.ctx;
-        let samples = materialize(&ctx.ds, positions)?;
+        let samples = materialize(&self.ctx.ds, positions)?;
         let mut out = Vec::with_capacity(samples.len());
         for (pos, sample) in positions.iter().zip(samples) {
-            let hold = ctx.budget.try_reserve(sample.size_bytes() as u64);
-            let el = Element {
-                seq: 0,
-                pos: *pos,
-                sample,
-                hold,
-            };
-            let mut el = apply_producer(el, &ctx.producer, ctx.seed, self.epoch, &ctx.ds)?
-                .ok_or_else(|| Error::invalid("a buffered sample is filtered out on resume"))?;
-            for t in &ctx.ph_tail[..upto] {
-                if let TailOp::Map(i, op) = t {
-                    let mut c = OpContext::new(ctx.seed, self.epoch, pos.shard, pos.record, *i);
-                    el.sample = op.apply(el.sample, &mut c)?.ok_or_else(|| {
-                        Error::invalid("a buffered sample is filtered out on resume")
-                    })?;
-                }
-            }
-            out.push(el);
+            out.push(self.remake_sample(*pos, sample, upto)?);
         }
         Ok(out)
+    }
+
+    /// The source's sample at `pos` as it reaches tail stage `at`: through the producer
+    /// operators (on the columnar path, the structural ones the source applies) and the
+    /// tail maps before `at`.
+    fn remake_sample(&self, pos: Pos, sample: Sample, at: usize) -> Result<Element, Error> {
+        let ctx = self.ctx;
+        let hold = ctx.budget.try_reserve(sample.size_bytes() as u64);
+        let el = Element {
+            seq: 0,
+            pos,
+            sample,
+            hold,
+        };
+        let producer = match &ctx.cfg.columnar {
+            Some(c) => &c.ops[..],
+            None => &ctx.producer[..],
+        };
+        let el = apply_producer(el, producer, ctx.seed, self.epoch, &ctx.ds)?
+            .ok_or_else(|| Error::invalid("a buffered sample is filtered out on resume"))?;
+        self.tail_maps(el, 0, at)
+    }
+
+    /// `el` through the per-sample tail maps in stages `from..at`.
+    fn tail_maps(&self, mut el: Element, from: usize, at: usize) -> Result<Element, Error> {
+        let ctx = self.ctx;
+        for t in &ctx.ph_tail[from..at] {
+            if let TailOp::Map(i, op) = t {
+                let (shard, record) = (el.pos.shard, el.pos.record);
+                let mut c = OpContext::new(ctx.seed, self.epoch, shard, record, *i);
+                el.sample = op
+                    .apply(el.sample, &mut c)?
+                    .ok_or_else(|| Error::invalid("a buffered sample is filtered out on resume"))?;
+            }
+        }
+        Ok(el)
+    }
+
+    /// The item `k` names as it reaches tail stage `at`, made again from the samples read
+    /// back (`got`).
+    fn remake(&self, k: &Key, at: usize, got: &HashMap<Pos, Sample>) -> Result<Flow, Error> {
+        match k {
+            Key::Pos(p) => {
+                let s = got
+                    .get(p)
+                    .cloned()
+                    .ok_or_else(|| Error::invalid(format!("position {p:?} not found on resume")))?;
+                Ok(Flow::Elem(self.remake_sample(*p, s, at)?, None))
+            }
+            Key::Batch(m) => self.remake_batch(m, at, got),
+            Key::Cut(m, k) => {
+                let u = self.ctx.ph_tail[..at]
+                    .iter()
+                    .rposition(|t| matches!(t, TailOp::Unbatch))
+                    .ok_or_else(|| foreign_state("a cut sample with no unbatch before it"))?;
+                let Flow::Batch(b, ..) = self.remake_batch(m, u, got)? else {
+                    unreachable!("remake_batch makes a batch")
+                };
+                let sample = b
+                    .unbatch()?
+                    .into_iter()
+                    .nth(*k as usize)
+                    .ok_or_else(|| foreign_state("a cut sample past its batch's end"))?;
+                let el = Element {
+                    seq: 0,
+                    pos: m[*k as usize].pos(),
+                    sample,
+                    hold: None,
+                };
+                let el = self.tail_maps(el, u + 1, at)?;
+                Ok(Flow::Elem(el, Some((m.clone(), *k))))
+            }
+        }
+    }
+
+    /// The batch of `members` as it reaches tail stage `at`: its samples made again as
+    /// they reached the last batch stage before `at`, collated, and passed through the
+    /// operators on batches between.
+    fn remake_batch(
+        &self,
+        members: &Arc<[Key]>,
+        at: usize,
+        got: &HashMap<Pos, Sample>,
+    ) -> Result<Flow, Error> {
+        let ctx = self.ctx;
+        let Some((b, TailOp::Batch(_, _, collate))) = ctx.ph_tail[..at]
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, t)| matches!(t, TailOp::Batch(..)))
+        else {
+            return Err(foreign_state("a batch with no batch stage before it"));
+        };
+        let mut elems = Vec::with_capacity(members.len());
+        for k in members.iter() {
+            match self.remake(k, b, got)? {
+                Flow::Elem(el, cut) => elems.push((el, cut)),
+                Flow::Batch(..) => return Err(foreign_state("a batch of batches")),
+            }
+        }
+        let Flow::Batch(mut batch, _, hold) = collate_elems(elems, collate)? else {
+            unreachable!("collate_elems makes a batch")
+        };
+        let first = members.first().map_or(
+            Pos {
+                shard: 0,
+                record: 0,
+            },
+            Key::pos,
+        );
+        for t in &ctx.ph_tail[b + 1..at] {
+            if let TailOp::Map(i, op) = t {
+                let mut cx = OpContext::new(ctx.seed, self.epoch, first.shard, first.record, *i);
+                batch = match op.apply_batch(batch, &mut cx) {
+                    Some(r) => r.map_err(|e| e.with_stage(op.meta().name))?,
+                    None => return Err(foreign_state("a per-sample operator after a batch")),
+                };
+            }
+        }
+        Ok(Flow::Batch(batch, members.clone(), hold))
+    }
+
+    /// Stage `i` (an unbatch) hands on the samples of the batch of `members` from the
+    /// `from`-th on, noting how many it has handed on (a checkpoint names the rest).
+    fn cut_out(&mut self, i: usize, members: Arc<[Key]>, samples: Vec<Sample>, from: u32) {
+        if let Stage::Unbatch { cutting, sent } = &mut self.stages[i] {
+            *cutting = Some(members.clone());
+            *sent = from;
+        }
+        let c = self.counters(i);
+        for (k, sample) in samples.into_iter().enumerate().skip(from as usize) {
+            let Some(key) = members.get(k) else { break };
+            let el = Element {
+                seq: 0,
+                pos: key.pos(),
+                sample,
+                hold: None,
+            };
+            if let Stage::Unbatch { sent, .. } = &mut self.stages[i] {
+                *sent = k as u32 + 1;
+            }
+            c.add(&c.items_out, 1);
+            self.push(i + 1, Flow::Elem(el, Some((members.clone(), k as u32))));
+            if self.failed {
+                return;
+            }
+        }
+        if let Stage::Unbatch { cutting, sent } = &mut self.stages[i] {
+            *cutting = None;
+            *sent = 0;
+        }
     }
 
     /// Takes worker results in order and pushes them through the stages until the source
@@ -1572,7 +2001,7 @@ impl TailRun<'_> {
                 self.last_seq = Some(next);
                 next += 1;
                 match result {
-                    Ok(Some(Flow::Elem(el))) => self.push(0, Flow::Elem(el)),
+                    Ok(Some(Flow::Elem(el, cut))) => self.push(0, Flow::Elem(el, cut)),
                     Ok(Some(batch)) => self.push_batched(batch),
                     Ok(None) => {}
                     Err(e) => self.error(e),
@@ -1652,14 +2081,16 @@ impl TailRun<'_> {
         let seed = self.ctx.seed;
         let mut outs: Vec<Flow> = Vec::new();
         let mut err = None;
+        // A batch an unbatch stage cuts: its samples go on one by one (`cut_out`).
+        let mut cut = None;
         match &mut self.stages[i] {
             Stage::Map(idx, op) => match item {
-                Flow::Elem(mut el) => {
+                Flow::Elem(mut el, cut) => {
                     let mut cx = OpContext::new(seed, epoch, el.pos.shard, el.pos.record, *idx);
                     match op.apply(el.sample, &mut cx) {
                         Ok(Some(s)) => {
                             el.sample = s;
-                            outs.push(Flow::Elem(el));
+                            outs.push(Flow::Elem(el, cut));
                         }
                         Ok(None) => c.add(&c.dropped, 1),
                         Err(e) => {
@@ -1667,14 +2098,17 @@ impl TailRun<'_> {
                         }
                     }
                 }
-                Flow::Batch(b, positions, hold) => {
-                    let first = positions.first().copied().unwrap_or(Pos {
-                        shard: 0,
-                        record: 0,
-                    });
+                Flow::Batch(b, members, hold) => {
+                    let first = members.first().map_or(
+                        Pos {
+                            shard: 0,
+                            record: 0,
+                        },
+                        Key::pos,
+                    );
                     let mut cx = OpContext::new(seed, epoch, first.shard, first.record, *idx);
                     match op.apply_batch(b, &mut cx) {
-                        Some(Ok(b)) => outs.push(Flow::Batch(b, positions, hold)),
+                        Some(Ok(b)) => outs.push(Flow::Batch(b, members, hold)),
                         Some(Err(e)) => err = Some(e.with_stage(op.meta().name)),
                         None => {
                             err = Some(Error::invalid(format!(
@@ -1686,37 +2120,38 @@ impl TailRun<'_> {
                     }
                 }
             },
-            Stage::Shuffle { size, buf, emitted } => match item {
-                Flow::Elem(el) => {
-                    let mut m = self.ctx.shared.shuffle.lock();
-                    if buf.len() < *size {
-                        m.buf.push(el.pos);
-                        m.record(ShufMove::Push);
-                        buf.push(el);
-                    } else {
-                        let k = Rng::from_words(&[seed, epoch, SHUFFLE_PICK, *emitted])
-                            .below(buf.len() as u64) as usize;
-                        *emitted += 1;
-                        let out = std::mem::replace(&mut buf[k], el);
-                        m.record(ShufMove::Replace {
+            // Samples, or batches after a batch stage: the picks are the same either way.
+            Stage::Shuffle { size, buf, emitted } => {
+                let mut m = self.ctx.shared.shuffle.lock();
+                if buf.len() < *size {
+                    m.bufs[i].push(item.key());
+                    m.record(i, ShufMove::Push);
+                    buf.push(item);
+                } else {
+                    let k = Rng::from_words(&[seed, epoch, SHUFFLE_PICK, *emitted])
+                        .below(buf.len() as u64) as usize;
+                    *emitted += 1;
+                    let out = std::mem::replace(&mut buf[k], item);
+                    let out_key = std::mem::replace(&mut m.bufs[i][k], buf[k].key());
+                    m.record(
+                        i,
+                        ShufMove::Replace {
                             slot: k,
-                            out: out.pos,
-                        });
-                        m.buf[k] = buf[k].pos;
-                        m.emitted = *emitted;
-                        outs.push(Flow::Elem(out));
-                    }
+                            out: out_key,
+                        },
+                    );
+                    m.emitted[i] = *emitted;
+                    outs.push(out);
                 }
-                Flow::Batch(..) => err = Some(Error::invalid("shuffle after batch")),
-            },
+            }
             Stage::Batch {
                 size,
                 collate,
                 partial,
                 ..
             } => match item {
-                Flow::Elem(el) => {
-                    partial.push(el);
+                Flow::Elem(el, cut) => {
+                    partial.push((el, cut));
                     if partial.len() == *size {
                         let members = std::mem::take(partial);
                         match collate_elems(members, collate) {
@@ -1728,18 +2163,19 @@ impl TailRun<'_> {
                 Flow::Batch(..) => err = Some(Error::invalid("batch of batches")),
             },
             Stage::Pack(p) => match item {
-                Flow::Elem(el) => match p.push(el.pos, &el.sample) {
+                Flow::Elem(el, _) => match p.push(el.pos, &el.sample) {
                     Ok(blocks) => {
                         // The documents' bytes leave the budget with them; blocks count.
                         drop(el);
                         for (pos, sample) in blocks {
                             let hold = self.ctx.budget.try_reserve(sample.size_bytes() as u64);
-                            outs.push(Flow::Elem(Element {
+                            let el = Element {
                                 seq: 0,
                                 pos,
                                 sample,
                                 hold,
-                            }));
+                            };
+                            outs.push(Flow::Elem(el, None));
                         }
                     }
                     Err(e) => err = Some(locate(&self.ctx.ds, e.with_stage(p.spec.name()), el.pos)),
@@ -1751,18 +2187,10 @@ impl TailRun<'_> {
                     )))
                 }
             },
-            Stage::Unbatch => match item {
-                Flow::Batch(b, positions, _hold) => match b.unbatch() {
-                    Ok(samples) => {
-                        for (s, pos) in samples.into_iter().zip(positions) {
-                            outs.push(Flow::Elem(Element {
-                                seq: 0,
-                                pos,
-                                sample: s,
-                                hold: None,
-                            }));
-                        }
-                    }
+            Stage::Unbatch { .. } => match item {
+                // The batch's bytes leave the budget with it.
+                Flow::Batch(b, members, _hold) => match b.unbatch() {
+                    Ok(samples) => cut = Some((members, samples)),
                     Err(e) => err = Some(e),
                 },
                 e => outs.push(e),
@@ -1789,6 +2217,10 @@ impl TailRun<'_> {
             self.error(e);
             return;
         }
+        if let Some((members, samples)) = cut {
+            self.cut_out(i, members, samples, 0);
+            return;
+        }
         let packs = matches!(self.stages[i], Stage::Pack(_));
         for o in outs {
             c.add(&c.items_out, 1);
@@ -1804,7 +2236,7 @@ impl TailRun<'_> {
 
     /// A pack stage (`i`) hands `block` to the next stage.
     fn note_sent(&mut self, i: usize, block: &Flow) {
-        if let (Stage::Pack(p), Flow::Elem(el)) = (&mut self.stages[i], block) {
+        if let (Stage::Pack(p), Flow::Elem(el, _)) = (&mut self.stages[i], block) {
             p.note_sent(el.pos.record);
         }
     }
@@ -1824,13 +2256,16 @@ impl TailRun<'_> {
                     *emitted += 1;
                     let out = buf.swap_remove(k);
                     let mut m = self.ctx.shared.shuffle.lock();
-                    m.buf.swap_remove(k);
-                    m.emitted = *emitted;
-                    m.record(ShufMove::Remove {
-                        slot: k,
-                        out: out.pos,
-                    });
-                    Flow::Elem(out)
+                    let out_key = m.bufs[i].swap_remove(k);
+                    m.emitted[i] = *emitted;
+                    m.record(
+                        i,
+                        ShufMove::Remove {
+                            slot: k,
+                            out: out_key,
+                        },
+                    );
+                    out
                 }
                 Stage::Batch {
                     partial,
@@ -1853,12 +2288,13 @@ impl TailRun<'_> {
                 Stage::Pack(p) if p.has_pending() => match p.finish() {
                     Ok(Some((pos, sample))) => {
                         let hold = self.ctx.budget.try_reserve(sample.size_bytes() as u64);
-                        Flow::Elem(Element {
+                        let el = Element {
                             seq: 0,
                             pos,
                             sample,
                             hold,
-                        })
+                        };
+                        Flow::Elem(el, None)
                     }
                     Ok(None) => break,
                     Err(e) => {
@@ -1884,16 +2320,16 @@ impl TailRun<'_> {
 
     fn emit(&mut self, item: Flow) {
         let (item, hold) = match item {
-            Flow::Elem(e) => (Item::Sample(e.sample), e.hold),
+            Flow::Elem(e, _) => (Item::Sample(e.sample), e.hold),
             Flow::Batch(b, _, hold) => (Item::Batch(b), hold),
         };
         self.yielded_in_epoch += 1;
-        let mut stages: Vec<StageState> = self.stages.iter().map(simple_state).collect();
+        let mut stages: Vec<StageMark> = self.stages.iter().map(stage_mark).collect();
         let mut broken = None;
         for (i, s) in self.stages.iter().enumerate() {
             let Stage::Pack(p) = s else { continue };
             match p.checkpoint() {
-                Ok(st) => stages[i] = st,
+                Ok(st) => stages[i] = StageMark::Fixed(st),
                 Err(e) => broken = Some(e.message),
             }
         }
@@ -1918,19 +2354,18 @@ impl TailRun<'_> {
     }
 }
 
-/// A stage's state in a checkpoint, except what needs the run (the shuffle buffer's, filled
-/// in by [`Run::state`]; a pack stage's, by `TailRun::emit`).
-fn simple_state(s: &Stage) -> StageState {
+/// A stage's part of a mark, except a pack stage's (filled in by `TailRun::emit`).
+fn stage_mark(s: &Stage) -> StageMark {
     match s {
-        Stage::Map(..) | Stage::Unbatch | Stage::Pack(_) => StageState::Stateless,
-        Stage::Shuffle { .. } => StageState::Shuffle {
-            emitted: 0,
-            buffer: vec![],
-        },
-        Stage::Batch { partial, .. } => StageState::Batch {
-            partial: partial.iter().map(|e| e.pos).collect(),
-        },
-        Stage::Take(_, seen) | Stage::Skip(_, seen) => StageState::Count { seen: *seen },
+        Stage::Map(..) | Stage::Pack(_) => StageMark::Fixed(StageState::Stateless),
+        Stage::Shuffle { .. } => StageMark::Shuffle,
+        Stage::Batch { partial, .. } => {
+            StageMark::Batch(partial.iter().map(|(e, c)| Key::of_elem(e, c)).collect())
+        }
+        Stage::Unbatch { cutting, sent } => StageMark::Unbatch(cutting.clone(), *sent),
+        Stage::Take(_, seen) | Stage::Skip(_, seen) => {
+            StageMark::Fixed(StageState::Count { seen: *seen })
+        }
     }
 }
 
@@ -1943,11 +2378,11 @@ fn locate(ds: &Dataset, e: Error, pos: Pos) -> Error {
     }
 }
 
-fn collate_elems(members: Vec<Element>, collate: &CollatePolicy) -> Result<Flow, Error> {
-    let positions = members.iter().map(|e| e.pos).collect();
+fn collate_elems(members: Vec<(Element, CutFrom)>, collate: &CollatePolicy) -> Result<Flow, Error> {
+    let keys = members.iter().map(|(e, c)| Key::of_elem(e, c)).collect();
     let mut hold: Option<Reservation> = None;
     let mut samples = Vec::with_capacity(members.len());
-    for e in members {
+    for (e, _) in members {
         samples.push(e.sample);
         if let Some(r) = e.hold {
             match &mut hold {
@@ -1957,7 +2392,7 @@ fn collate_elems(members: Vec<Element>, collate: &CollatePolicy) -> Result<Flow,
         }
     }
     let b = Batch::collate(&samples, collate)?;
-    Ok(Flow::Batch(b, positions, hold))
+    Ok(Flow::Batch(b, keys, hold))
 }
 
 /// Moves worker threads toward the bottleneck from measured utilisation.

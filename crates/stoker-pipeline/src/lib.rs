@@ -44,7 +44,7 @@ mod stats;
 
 pub use audio_ops::Rate;
 pub use column_ops::FillValue;
-pub use exec::{explain, Item, PipelineState, Run, StageState};
+pub use exec::{explain, Item, ItemPos, PipelineState, Run, StageState};
 pub use image_ops::Size;
 pub use ops::{Builtin, FnOp, OpContext, SampleOp};
 pub use pack::{Pack, PackRemainder};

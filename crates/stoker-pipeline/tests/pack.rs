@@ -553,6 +553,18 @@ fn resume_with_a_shuffle_after_pack_is_refused() {
 }
 
 #[test]
+fn resume_with_unbatch_and_pack_is_refused() {
+    let p = Pipeline::from_samples(doc_samples(&docs(20, 5, 1)))
+        .pack(Pack::new(4))
+        .batch(2, false)
+        .unbatch();
+    let mut r = p.run().unwrap();
+    r.next().unwrap().unwrap();
+    let e = r.state().unwrap_err().to_string();
+    assert!(e.contains("unbatch together with pack"), "{e}");
+}
+
+#[test]
 fn the_state_holds_positions_not_tokens() {
     // Blocks of 2048 from documents of about 500 tokens, batches of 8: a checkpoint in the
     // middle of a batch names a few dozen documents, not 16,000 ids.
@@ -832,10 +844,10 @@ fn a_state_with_a_batch_of_blocks_being_filled_is_refused() {
     let mut st = r.state().unwrap();
     drop(r);
     st.stages[1] = stoker_pipeline::StageState::Batch {
-        partial: vec![stoker_pipeline::Pos {
+        partial: vec![stoker_pipeline::ItemPos::Sample(stoker_pipeline::Pos {
             shard: u32::MAX,
             record: 2,
-        }],
+        })],
     };
     let e = p
         .resume(&st)

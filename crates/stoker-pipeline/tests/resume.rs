@@ -5,15 +5,22 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use stoker_pipeline::{Builtin, Item, Pipeline, PipelineState, RankPolicy, RunOptions};
+use stoker_pipeline::{
+    Builtin, Item, ItemPos, Pipeline, PipelineState, RankPolicy, RunOptions, StageState,
+};
 
 #[derive(Debug, Clone)]
 struct Shape {
     source: u8,
     cycle: usize,
     shuffle_shards: bool,
+    /// A batch of this size, an operator on batches, an unbatch and a per-sample operator,
+    /// before the shuffle buffer.
+    unbatch: Option<usize>,
     buffer: Option<usize>,
     batch: Option<(usize, bool)>,
+    /// A shuffle of the batches, after the batch.
+    batch_buffer: Option<usize>,
     skip: Option<u64>,
     take: Option<u64>,
     rank: Option<(u32, u32, bool)>,
@@ -45,6 +52,16 @@ fn build(s: &Shape) -> Pipeline {
         to: "r".into(),
         below: 1000,
     });
+    if let Some(n) = s.unbatch {
+        p = p
+            .batch(n, false)
+            .map(clip())
+            .unbatch()
+            .map(Builtin::RandomInt {
+                to: "r2".into(),
+                below: 1000,
+            });
+    }
     if let Some(b) = s.buffer {
         p = p.shuffle(b);
     }
@@ -53,6 +70,9 @@ fn build(s: &Shape) -> Pipeline {
     }
     if let Some((n, drop_last)) = s.batch {
         p = p.batch(n, drop_last);
+        if let Some(b) = s.batch_buffer {
+            p = p.shuffle(b);
+        }
     }
     if let Some(n) = s.take {
         p = p.take(n);
@@ -64,6 +84,15 @@ fn build(s: &Shape) -> Pipeline {
     )
 }
 
+/// An operator that works on whole batches (column-wise).
+fn clip() -> Builtin {
+    Builtin::Clip {
+        field: "r".into(),
+        min: Some(100.0),
+        max: Some(900.0),
+    }
+}
+
 fn shape() -> impl Strategy<Value = Shape> {
     (
         (
@@ -71,9 +100,11 @@ fn shape() -> impl Strategy<Value = Shape> {
             1usize..4,
             any::<bool>(),
             proptest::option::of(1usize..40),
+            proptest::option::of(1usize..6),
         ),
         (
             proptest::option::of((1usize..7, any::<bool>())),
+            proptest::option::of(1usize..8),
             proptest::option::of(0u64..10),
             proptest::option::of(1u64..60),
             proptest::option::of((0u32..4, 1u32..4, any::<bool>())),
@@ -82,15 +113,17 @@ fn shape() -> impl Strategy<Value = Shape> {
     )
         .prop_map(
             |(
-                (source, cycle, shuffle_shards, buffer),
-                (batch, skip, take, rank),
+                (source, cycle, shuffle_shards, buffer, unbatch),
+                (batch, batch_buffer, skip, take, rank),
                 (epochs, seed, threads, cache),
             )| Shape {
                 source,
                 cycle,
                 shuffle_shards,
+                unbatch,
                 buffer,
                 batch,
+                batch_buffer,
                 skip,
                 take,
                 rank,
@@ -163,4 +196,188 @@ fn the_state_is_small() {
     let json = run.state().unwrap().to_json();
     // Positions, not data: a 20-sample buffer is a few hundred bytes.
     assert!(json.len() < 2000, "{} bytes: {json}", json.len());
+}
+
+/// Stops `p` after every item (and its resumed runs again, halfway through the rest),
+/// through JSON, and checks that the resumed runs yield exactly the rest; returns the
+/// states taken.
+fn stop_everywhere(p: &Pipeline) -> Vec<PipelineState> {
+    let full = collect(p.run().unwrap());
+    assert!(!full.is_empty());
+    let mut states = Vec::new();
+    for k in 0..=full.len() {
+        let mut run = p.run().unwrap();
+        let head: Vec<Item> = run.by_ref().take(k).map(Result::unwrap).collect();
+        assert_eq!(&head[..], &full[..k]);
+        let json = run.state().unwrap().to_json();
+        drop(run);
+        let state = PipelineState::from_json(&json).unwrap();
+        let mut resumed = p.resume(&state).unwrap();
+        let k2 = (full.len() - k) / 2;
+        let mid: Vec<Item> = resumed.by_ref().take(k2).map(Result::unwrap).collect();
+        assert_eq!(&mid[..], &full[k..k + k2], "stopped after {k}");
+        let state2 = resumed.state().unwrap();
+        drop(resumed);
+        let rest = collect(p.resume(&state2).unwrap());
+        assert_eq!(&rest[..], &full[k + k2..], "stopped after {k}, then {k2}");
+        states.push(state);
+    }
+    states
+}
+
+fn with_threads(p: Pipeline, threads: usize) -> Pipeline {
+    p.options(RunOptions::default().with_threads(threads).with_window(16))
+}
+
+fn random_int(to: &str) -> Builtin {
+    Builtin::RandomInt {
+        to: to.into(),
+        below: 1000,
+    }
+}
+
+#[test]
+fn stopping_inside_an_unbatched_batch_resumes_exactly() {
+    for threads in [1, 4] {
+        let p = shards()
+            .interleave(2)
+            .shuffle_shards(true)
+            .map(random_int("r"))
+            .batch(4, false)
+            .map(clip())
+            .unbatch()
+            .map(random_int("r2"))
+            .epochs(Some(2))
+            .seed(5);
+        let states = stop_everywhere(&with_threads(p, threads));
+        // After 1, 2 or 3 samples of a batch of 4 the state names that batch and how many
+        // of its samples were handed on.
+        for (k, st) in states.iter().enumerate().take(40) {
+            let cutting = st
+                .stages
+                .iter()
+                .find_map(|s| match s {
+                    StageState::Unbatch { cut, sent } => Some((*cut, *sent)),
+                    _ => None,
+                })
+                .unwrap();
+            if k % 4 == 0 {
+                assert_eq!(cutting, (None, 0), "after {k}");
+            } else {
+                assert_eq!(cutting, (Some(0), (k % 4) as u32), "after {k}");
+                assert_eq!(st.cuts.len(), 1);
+                assert_eq!(st.cuts[0].len(), 4);
+            }
+        }
+    }
+}
+
+#[test]
+fn unbatch_then_shuffle_then_batch_resumes_exactly_over_epochs() {
+    for threads in [1, 3] {
+        // source -> batch -> map -> unbatch -> shuffle -> batch, three epochs.
+        let p = files()
+            .shuffle_shards(true)
+            .map(random_int("r"))
+            .batch(5, false)
+            .map(clip())
+            .unbatch()
+            .map(random_int("r2"))
+            .shuffle(9)
+            .batch(4, false)
+            .epochs(Some(3))
+            .seed(11);
+        let p = with_threads(p, threads);
+        let full = collect(p.run().unwrap());
+        // A new order every epoch: 57 files in batches of 4 are 15 batches an epoch.
+        assert_eq!(full.len(), 45);
+        let epoch =
+            |e: usize| -> Vec<String> { full[e * 15..][..15].iter().flat_map(keys).collect() };
+        assert_ne!(epoch(0), epoch(1));
+        assert_ne!(epoch(1), epoch(2));
+        let states = stop_everywhere(&p);
+        // The shuffle buffer holds samples cut from batches: the state names those
+        // batches once each.
+        assert!(states.iter().any(|s| s.cuts.len() > 1));
+        for s in &states {
+            assert!(s.to_json().len() < 4000, "{}", s.to_json());
+        }
+    }
+}
+
+#[test]
+fn stopping_after_k_batches_of_a_shuffle_of_batches_resumes_exactly() {
+    for threads in [1, 4] {
+        let p = shards()
+            .shuffle_shards(true)
+            .map(random_int("r"))
+            .shuffle(6)
+            .batch(3, true)
+            .map(clip())
+            .shuffle(5)
+            .take(50)
+            .epochs(Some(2))
+            .seed(3);
+        let p = with_threads(p, threads);
+        let full = collect(p.run().unwrap());
+        assert_eq!(full.len(), 2 * 50);
+        let states = stop_everywhere(&p);
+        // The buffer of batches is in the state, as batches of positions.
+        let buffered = |s: &PipelineState| {
+            s.stages
+                .iter()
+                .filter_map(|st| match st {
+                    StageState::Shuffle { buffer, .. } => Some(buffer.clone()),
+                    _ => None,
+                })
+                .last()
+                .unwrap()
+        };
+        let b = buffered(&states[10]);
+        assert_eq!(b.len(), 5);
+        assert!(b
+            .iter()
+            .all(|i| matches!(i, ItemPos::Batch(m) if m.len() == 3)));
+    }
+}
+
+#[test]
+fn a_shuffle_of_batches_is_a_new_order_every_epoch() {
+    let p = memory(40)
+        .batch(4, false)
+        .shuffle(10)
+        .epochs(Some(2))
+        .seed(8);
+    let full = collect(p.run().unwrap());
+    let firsts: Vec<String> = full.iter().map(|i| keys(i)[0].clone()).collect();
+    assert_eq!(full.len(), 20);
+    assert_ne!(firsts[..10], firsts[10..]);
+    let mut sorted = firsts[..10].to_vec();
+    sorted.sort_by_key(|k| k[1..].parse::<u32>().unwrap());
+    assert_ne!(sorted, firsts[..10]);
+    stop_everywhere(&p);
+}
+
+#[test]
+fn two_unbatches_resume_exactly() {
+    // Samples cut from batches of samples cut from batches: the state's batches name
+    // earlier ones.
+    let p = memory(30)
+        .map(random_int("r"))
+        .batch(3, false)
+        .map(clip())
+        .unbatch()
+        .shuffle(4)
+        .batch(4, false)
+        .unbatch()
+        .shuffle(5)
+        .map(random_int("r2"))
+        .epochs(Some(2))
+        .seed(2);
+    let states = stop_everywhere(&p);
+    assert!(states.iter().any(|s| s
+        .cuts
+        .iter()
+        .flatten()
+        .any(|i| matches!(i, ItemPos::Cut { .. }))));
 }
