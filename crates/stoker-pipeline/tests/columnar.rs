@@ -359,6 +359,33 @@ fn resume_is_exact_at_every_batch() {
     resumes_exactly("broken", &batch(9, false, "auto"), "errors = \"skip\"");
 }
 
+#[test]
+fn resume_is_exact_with_a_shuffle_of_batches_and_unbatch() {
+    // A buffered batch is made again from its rows (read one at a time, collated as the
+    // row path does), with the structural operators the source applied.
+    let shuffle = |n: usize| format!("[[ops]]\nop = \"shuffle\"\nbuffer = {n}\n");
+    let rename = "[[ops]]\nop = \"rename\"\nfrom = \"id\"\nto = \"key\"\n";
+    resumes_exactly(
+        "rows",
+        &format!(
+            "shuffle_shards = true\nepochs = 2\nseed = 3\n{rename}{}{}",
+            batch(7, false, "auto"),
+            shuffle(4)
+        ),
+        "",
+    );
+    resumes_exactly(
+        "rows",
+        &format!(
+            "epochs = 2\nseed = 4\n{rename}{}[[ops]]\nop = \"unbatch\"\n{}{}",
+            batch(6, false, "auto"),
+            shuffle(9),
+            batch(20, false, "auto")
+        ),
+        "",
+    );
+}
+
 mod property {
     use super::*;
     use proptest::prelude::*;

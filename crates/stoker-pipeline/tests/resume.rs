@@ -326,11 +326,11 @@ fn stopping_after_k_batches_of_a_shuffle_of_batches_resumes_exactly() {
         let buffered = |s: &PipelineState| {
             s.stages
                 .iter()
-                .filter_map(|st| match st {
+                .rev()
+                .find_map(|st| match st {
                     StageState::Shuffle { buffer, .. } => Some(buffer.clone()),
                     _ => None,
                 })
-                .last()
                 .unwrap()
         };
         let b = buffered(&states[10]);
