@@ -381,3 +381,25 @@ fn two_unbatches_resume_exactly() {
         .flatten()
         .any(|i| matches!(i, ItemPos::Cut { .. }))));
 }
+
+#[test]
+fn two_shuffle_buffers_of_samples_resume_exactly() {
+    // Each buffer has its own contents in the state (and its own undo log entries).
+    let p = memory(30)
+        .map(random_int("r"))
+        .shuffle(4)
+        .skip(1)
+        .shuffle(6)
+        .epochs(Some(2))
+        .seed(9);
+    let states = stop_everywhere(&p);
+    let sizes: Vec<usize> = states[12]
+        .stages
+        .iter()
+        .filter_map(|s| match s {
+            StageState::Shuffle { buffer, .. } => Some(buffer.len()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sizes, [4, 6]);
+}
