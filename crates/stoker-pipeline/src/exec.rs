@@ -624,7 +624,9 @@ impl Run {
         )?;
         if p.cache {
             ds.cache = Some(match &p.cache_dir {
-                Some(dir) => crate::source::SampleCache::on_disk(budget.clone(), dir, &ds)?,
+                Some(dir) => {
+                    crate::source::SampleCache::on_disk(budget.clone(), dir, p.cache_size, &ds)?
+                }
                 None => crate::source::SampleCache::new(budget.clone()),
             });
         }
@@ -703,7 +705,7 @@ impl Run {
         names.push(format!("prefetch({})", ph.prefetch));
         let threads = p.options.threads.max(1);
         let shared = Arc::new(Shared {
-            stats: StatsHub::new(names),
+            stats: StatsHub::new(names, ds.cache.as_ref().map(|c| c.counters.clone())),
             history: Mutex::new(VecDeque::new()),
             epoch_start: Mutex::new(HashMap::new()),
             shuffle: Mutex::new(ShuffleMirror::default()),
