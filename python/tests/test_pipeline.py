@@ -291,3 +291,15 @@ def test_a_disk_cache_with_a_size_keeps_within_it_and_reads_the_rest(s3, prefix,
     assert base.cache(dir=tmp_path / "s", size="1MiB").run().stats()["cache"]["limit"] == 1 << 20
     with pytest.raises(ValueError, match="give dir"):
         base.cache(size="1MiB")
+
+
+def test_a_one_epoch_run_keeps_no_blocks_in_memory(s3, prefix):
+    base = tar_dataset(s3, prefix)
+    one = base.epochs(1).run()
+    list(one)
+    cache = one.stats()["storage"]["cache"]
+    assert (cache["memory_capacity"], cache["memory_bytes"]) == (0, 0), cache
+    two = base.epochs(2).run()
+    list(two)
+    cache = two.stats()["storage"]["cache"]
+    assert cache["memory_capacity"] > 0 and cache["memory_hits"] > 0, cache

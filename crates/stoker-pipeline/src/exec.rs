@@ -621,6 +621,7 @@ impl Run {
             runtime.handle(),
             Some(budget.clone()),
             p.options.memory_limit,
+            p.epochs.is_some_and(|e| e <= 1),
         )?;
         if p.cache {
             ds.cache = Some(match &p.cache_dir {

@@ -282,13 +282,19 @@ impl std::fmt::Debug for Dataset {
 }
 
 impl Dataset {
-    /// Lists the source and picks the format.
+    /// Lists the source and picks the format. A run that reads its data once
+    /// (`single_pass`: one epoch) opens a store from a URL without a memory block cache
+    /// unless its options set `cache_memory`: nothing would be read twice (each run opens
+    /// its own store, so no other run could use the blocks either), and every block kept
+    /// would be memory taken from the budget for nothing. A store given by the caller
+    /// (`Source::Keys`) is used as it is.
     pub(crate) fn resolve(
         source: &Source,
         format: &FormatChoice,
         runtime: &tokio::runtime::Handle,
         budget: Option<stoker_core::MemoryBudget>,
         memory_limit: Option<u64>,
+        single_pass: bool,
     ) -> Result<Dataset, Error> {
         let storage = |e: stoker_store::Error| Error::storage(e.to_string());
         let (store, infos, memory, prefix) = match source {
@@ -302,6 +308,9 @@ impl Dataset {
                 let mut options = (**options).clone();
                 if let Some(l) = memory_limit {
                     options = options.with_memory_limit(l);
+                }
+                if single_pass && options.cache_memory.is_none() {
+                    options = options.with_cache_memory(0);
                 }
                 let store = match budget.clone() {
                     Some(b) => Store::open_with_budget(url, options, b),

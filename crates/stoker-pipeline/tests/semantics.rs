@@ -567,3 +567,39 @@ fn a_cache_size_needs_a_directory_in_a_spec() {
         "{p:?}"
     );
 }
+
+#[test]
+fn a_one_epoch_run_keeps_no_blocks_in_memory_and_two_epochs_do() {
+    let mut one = shards().interleave(2).epochs(Some(1)).run().unwrap();
+    one.by_ref().for_each(drop);
+    let m = one.stats().storage.unwrap();
+    assert!(m.bytes_read > 0);
+    assert_eq!(
+        (
+            m.cache.memory_capacity,
+            m.cache.memory_bytes,
+            m.cache.inserts
+        ),
+        (0, 0, 0),
+        "{:?}",
+        m.cache
+    );
+    // Asked for explicitly, it is there.
+    let asked = stoker_pipeline::Pipeline::from_url(
+        &format!("s3://{BUCKET}/shards/"),
+        store_options().with_cache_memory(64 << 20),
+        stoker_pipeline::FormatChoice::Fixed(std::sync::Arc::new(Lines)),
+    );
+    let mut run = asked.run().unwrap();
+    run.by_ref().for_each(drop);
+    let m = run.stats().storage.unwrap();
+    assert_eq!(m.cache.memory_capacity, 64 << 20);
+    assert!(m.cache.memory_bytes > 0);
+    // Two epochs: the second is served by the block cache.
+    let mut two = shards().interleave(2).epochs(Some(2)).run().unwrap();
+    two.by_ref().for_each(drop);
+    let m2 = two.stats().storage.unwrap();
+    assert!(m2.cache.memory_capacity > 0 && m2.cache.memory_bytes > 0);
+    assert!(m2.cache.memory_hits > 0, "{:?}", m2.cache);
+    assert_eq!(m2.get_requests, one.stats().storage.unwrap().get_requests);
+}
