@@ -423,12 +423,12 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
 }
 
 /// What an unbounded disk cache of `p` stores, in bytes.
-fn cache_bytes(p: &stoker_pipeline::Pipeline) -> u64 {
+fn cache_bytes(p: &stoker_pipeline::Pipeline, n: u64) -> u64 {
     let full = tempfile::tempdir().unwrap();
     let mut run = p.clone().cache_on_disk(full.path()).run().unwrap();
     run.by_ref().for_each(drop);
     let c = run.stats().cache.unwrap();
-    assert_eq!((c.stored, c.over_limit, c.limit), (7, 0, None));
+    assert_eq!((c.stored, c.over_limit, c.limit), (n, 0, None));
     assert_eq!(
         dir_bytes(full.path()),
         c.stored_bytes + c.stored_bytes.to_string().len() as u64,
@@ -437,13 +437,21 @@ fn cache_bytes(p: &stoker_pipeline::Pipeline) -> u64 {
     c.stored_bytes
 }
 
-/// The line shards with the store's block cache off, so every shard not served by the
-/// pipeline's cache is fetched again.
-fn shards_uncached_store() -> stoker_pipeline::Pipeline {
-    stoker_pipeline::Pipeline::from_url(
-        &format!("s3://{BUCKET}/shards/"),
+/// The line shards (7) or the small files (57, one sample per object), and their count,
+/// with the store's block cache off, so every shard not served by the pipeline's cache is
+/// fetched again.
+fn uncached_store(what: &str) -> (stoker_pipeline::Pipeline, u64) {
+    let (format, n) = match what {
+        "shards" => (
+            stoker_pipeline::FormatChoice::Fixed(std::sync::Arc::new(Lines)),
+            7,
+        ),
+        _ => (stoker_pipeline::FormatChoice::Files, 57),
+    };
+    let p = stoker_pipeline::Pipeline::from_url(
+        &format!("s3://{BUCKET}/{what}/"),
         store_options().with_cache_memory(0),
-        stoker_pipeline::FormatChoice::Fixed(std::sync::Arc::new(Lines)),
+        format,
     )
     .interleave(2)
     .shuffle_shards(true)
@@ -453,18 +461,25 @@ fn shards_uncached_store() -> stoker_pipeline::Pipeline {
     })
     .shuffle(10)
     .seed(9)
-    .epochs(Some(3))
+    .epochs(Some(3));
+    (p, n)
 }
 
 #[test]
 fn a_disk_cache_over_its_size_limit_keeps_what_fits_and_reads_the_rest() {
-    let p = shards_uncached_store();
+    for what in ["shards", "files"] {
+        limited_disk_cache(what);
+    }
+}
+
+fn limited_disk_cache(what: &str) {
+    let (p, n) = uncached_store(what);
     let plain: Vec<Item> = p.run().unwrap().map(Result::unwrap).collect();
     let mut run = p.run().unwrap();
     run.by_ref().for_each(drop);
     let gets_plain = run.stats().storage.unwrap().get_requests;
     // Half of what all shards take: some fit, some do not.
-    let limit = cache_bytes(&p) / 2;
+    let limit = cache_bytes(&p, n) / 2;
     let dir = tempfile::tempdir().unwrap();
     let limited = p.clone().cache_on_disk_limited(dir.path(), limit);
     let mut run = limited.run().unwrap();
@@ -476,15 +491,15 @@ fn a_disk_cache_over_its_size_limit_keeps_what_fits_and_reads_the_rest() {
             "the directory stays within the limit"
         );
     }
-    assert_eq!(got, plain, "identical samples in all three epochs");
+    assert_eq!(got, plain, "{what}: identical samples in all three epochs");
     let stats = run.stats();
     let c = stats.cache.clone().unwrap();
-    assert!(c.stored > 0 && c.over_limit > 0, "{c:?}");
-    assert_eq!(c.stored + c.over_limit, 7, "{c:?}");
+    assert!(c.stored > 0 && c.over_limit > 0, "{what}: {c:?}");
+    assert_eq!(c.stored + c.over_limit, n, "{what}: {c:?}");
     assert_eq!(
         c.hits,
         2 * c.stored,
-        "epochs 2 and 3 read the stored shards from disk"
+        "{what}: epochs 2 and 3 read the stored shards from disk"
     );
     assert_eq!(c.limit, Some(limit));
     assert!(
@@ -506,7 +521,7 @@ fn a_disk_cache_over_its_size_limit_keeps_what_fits_and_reads_the_rest() {
     let gets = stats.storage.unwrap().get_requests;
     assert!(
         gets > gets_plain / 3 && gets < gets_plain,
-        "{gets} of {gets_plain}"
+        "{what}: {gets} of {gets_plain}"
     );
 
     // A later run over the full directory stores nothing more and gives the same samples.
@@ -521,10 +536,10 @@ fn a_disk_cache_over_its_size_limit_keeps_what_fits_and_reads_the_rest() {
 
 #[test]
 fn runs_sharing_a_limited_disk_cache_stay_within_it_and_agree() {
-    let p = shards_uncached_store();
+    let (p, n) = uncached_store("shards");
     let plain: Vec<Item> = p.run().unwrap().map(Result::unwrap).collect();
     let dir = tempfile::tempdir().unwrap();
-    let limit = cache_bytes(&p) / 2;
+    let limit = cache_bytes(&p, n) / 2;
     let limited = p.cache_on_disk_limited(dir.path(), limit);
     let outs: Vec<Vec<Item>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..3)
