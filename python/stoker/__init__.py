@@ -235,11 +235,17 @@ class Pipeline:
         """Skips the first ``n`` items of each epoch."""
         return self._then(self._p.skip(n), "skip", n)
 
-    def cache(self, dir: str | os.PathLike | None = None) -> Pipeline:
+    def cache(
+        self, dir: str | os.PathLike | None = None, *, size: int | str | None = None
+    ) -> Pipeline:
         """Keeps parsed records after the first epoch, so later epochs neither fetch nor
         parse: in memory (within half the memory budget), or with ``dir`` in files there,
-        one per shard, reused by later runs (a changed object is read anew)."""
-        return self._then(self._p.cache(None if dir is None else os.fspath(dir)), "cache", None if dir is None else os.fspath(dir))
+        one per shard, reused by later runs (a changed object is read anew). ``size``
+        (bytes or ``"20GiB"``, with ``dir``) bounds the directory: shards that would go
+        over it are not written and are read from the source each epoch; nothing is
+        evicted. ``stats()["cache"]`` counts hits, shards stored and shards over the limit."""
+        d = None if dir is None else os.fspath(dir)
+        return self._then(self._p.cache(d, size), "cache", d, size=size)
 
     def prefetch(self, n: int) -> Pipeline:
         """Keeps ``n`` finished items ready ahead of the consumer."""

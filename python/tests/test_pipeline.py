@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -262,3 +263,43 @@ def test_a_disk_cache_serves_a_later_run_without_reading_storage(s3, prefix, tmp
     later = p.run()
     assert batch_keys(later) == want
     assert later.stats()["storage"]["get_requests"] == 0
+
+
+def _dir_bytes(d) -> int:
+    return sum(f.stat().st_size for f in d.iterdir())
+
+
+def test_a_disk_cache_with_a_size_keeps_within_it_and_reads_the_rest(s3, prefix, tmp_path):
+    base = tar_dataset(s3, prefix)
+    want = batch_keys(base.run())
+    full = base.cache(dir=tmp_path / "full").run()
+    assert batch_keys(full) == want
+    total = full.stats()["cache"]["stored_bytes"]
+    limit = total // 2
+    p = base.cache(dir=tmp_path / "cache", size=limit)
+    for _ in range(2):
+        run = p.run()
+        assert batch_keys(run) == want
+        c = run.stats()["cache"]
+        assert c["limit"] == limit
+        assert c["over_limit"] > 0 and c["hits"] > 0, c
+        assert _dir_bytes(tmp_path / "cache") <= limit
+    # The recipe (pickling, DataLoader workers) keeps the size; a size needs a directory.
+    again = pickle.loads(pickle.dumps(p)).run()
+    assert batch_keys(again) == want
+    assert again.stats()["cache"]["limit"] == limit
+    assert base.cache(dir=tmp_path / "s", size="1MiB").run().stats()["cache"]["limit"] == 1 << 20
+    with pytest.raises(ValueError, match="give dir"):
+        base.cache(size="1MiB")
+
+
+def test_a_one_epoch_run_keeps_no_blocks_in_memory(s3, prefix):
+    base = tar_dataset(s3, prefix)
+    one = base.epochs(1).run()
+    list(one)
+    cache = one.stats()["storage"]["cache"]
+    assert (cache["memory_capacity"], cache["memory_bytes"]) == (0, 0), cache
+    two = base.epochs(2).run()
+    list(two)
+    cache = two.stats()["storage"]["cache"]
+    assert cache["memory_capacity"] > 0 and cache["memory_hits"] > 0, cache

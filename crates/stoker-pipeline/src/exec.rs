@@ -799,10 +799,13 @@ impl Run {
             runtime.handle(),
             Some(budget.clone()),
             p.options.memory_limit,
+            p.epochs.is_some_and(|e| e <= 1),
         )?;
         if p.cache {
             ds.cache = Some(match &p.cache_dir {
-                Some(dir) => crate::source::SampleCache::on_disk(budget.clone(), dir, &ds)?,
+                Some(dir) => {
+                    crate::source::SampleCache::on_disk(budget.clone(), dir, p.cache_size, &ds)?
+                }
                 None => crate::source::SampleCache::new(budget.clone()),
             });
         }
@@ -876,7 +879,7 @@ impl Run {
         names.push(format!("prefetch({})", ph.prefetch));
         let threads = p.options.threads.max(1);
         let shared = Arc::new(Shared {
-            stats: StatsHub::new(names),
+            stats: StatsHub::new(names, ds.cache.as_ref().map(|c| c.counters.clone())),
             history: Mutex::new(VecDeque::new()),
             epoch_start: Mutex::new(HashMap::new()),
             shuffle: Mutex::new(ShuffleMirror::new(ph.tail.len())),

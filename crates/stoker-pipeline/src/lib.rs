@@ -53,4 +53,4 @@ pub use plan::{
 };
 pub use source::{Pos, SourceCursor};
 pub use spec::PipelineSpec;
-pub use stats::{Skipped, StageStats, Stats};
+pub use stats::{SampleCacheStats, Skipped, StageStats, Stats};

@@ -220,6 +220,7 @@ pub struct Pipeline {
     pub(crate) cycle: usize,
     pub(crate) cache: bool,
     pub(crate) cache_dir: Option<std::path::PathBuf>,
+    pub(crate) cache_size: Option<u64>,
     pub(crate) rank: Option<RankSplit>,
     pub(crate) ops: Vec<Op>,
     pub(crate) epochs: Option<u64>,
@@ -236,6 +237,7 @@ impl Pipeline {
             shuffle_shards: false,
             cache: false,
             cache_dir: None,
+            cache_size: None,
             cycle: 1,
             rank: None,
             ops: Vec::new(),
@@ -383,6 +385,24 @@ impl Pipeline {
     pub fn cache_on_disk(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.cache = true;
         self.cache_dir = Some(dir.into());
+        self.cache_size = None;
+        self
+    }
+
+    /// Like [`Pipeline::cache_on_disk`], within `max_bytes`: the directory's files never
+    /// add up to more. Nothing is evicted: the shards whose files fit stay cached and are
+    /// reused; a shard whose file would go over is not written and is read from the source
+    /// every epoch (never an error, never a partial file). [`Stats::cache`](crate::Stats)
+    /// counts both. Runs and processes sharing the directory share the limit (see
+    /// `docs/pipeline.md`).
+    pub fn cache_on_disk_limited(
+        mut self,
+        dir: impl Into<std::path::PathBuf>,
+        max_bytes: u64,
+    ) -> Self {
+        self.cache = true;
+        self.cache_dir = Some(dir.into());
+        self.cache_size = Some(max_bytes);
         self
     }
 

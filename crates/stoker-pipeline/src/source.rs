@@ -26,6 +26,7 @@
 //! row path makes; a checkpoint always falls after a whole batch, and a restored run skips
 //! the consumed records of the open shard as the row path does.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -141,38 +142,48 @@ pub(crate) struct Dataset {
 ///
 /// With a directory (`Pipeline::cache_on_disk`), shards go to files there instead (see
 /// [`crate::diskcache`]): not bounded by memory, reused by later runs and by other
-/// processes over the same objects, and read back without parsing.
+/// processes over the same objects, and read back without parsing. With a size limit
+/// (`Pipeline::cache_on_disk_limited`), a shard whose file would take the directory over it
+/// is not written, and this run does not try it again (nothing in the directory is evicted,
+/// so it would not fit later either): it is read from the source every epoch.
 pub(crate) struct SampleCache {
     shards: parking_lot::Mutex<std::collections::HashMap<u32, Arc<Vec<Sample>>>>,
     holds: parking_lot::Mutex<Vec<stoker_core::Reservation>>,
     budget: stoker_core::MemoryBudget,
     disk: Option<(crate::diskcache::DiskTier, Arc<Vec<ShardInfo>>, String)>,
-    pub hits: std::sync::atomic::AtomicU64,
+    /// Shards that did not fit (the limit on disk, half the budget in memory).
+    refused: parking_lot::Mutex<std::collections::HashSet<u32>>,
+    pub counters: Arc<crate::stats::CacheCounters>,
 }
 
 impl SampleCache {
     pub(crate) fn new(budget: stoker_core::MemoryBudget) -> SampleCache {
+        let counters = crate::stats::CacheCounters::default();
+        counters.limit.store(budget.limit() / 2, Ordering::Relaxed);
         SampleCache {
             shards: Default::default(),
             holds: Default::default(),
             budget,
             disk: None,
-            hits: Default::default(),
+            refused: Default::default(),
+            counters: Arc::new(counters),
         }
     }
 
-    /// A cache in files under `dir` for the shards of `ds`.
+    /// A cache in files under `dir` for the shards of `ds`, within `limit` bytes if given.
     pub(crate) fn on_disk(
         budget: stoker_core::MemoryBudget,
         dir: &std::path::Path,
+        limit: Option<u64>,
         ds: &Dataset,
     ) -> Result<SampleCache, Error> {
         let mut c = SampleCache::new(budget);
-        c.disk = Some((
-            crate::diskcache::DiskTier::new(dir)?,
-            ds.shards.clone(),
-            format!("{:?}", ds.format),
-        ));
+        let tier = crate::diskcache::DiskTier::new(dir, limit)?;
+        c.counters.bytes.store(tier.used(), Ordering::Relaxed);
+        c.counters
+            .limit
+            .store(tier.limit().unwrap_or(u64::MAX), Ordering::Relaxed);
+        c.disk = Some((tier, ds.shards.clone(), format!("{:?}", ds.format)));
         Ok(c)
     }
 
@@ -196,7 +207,7 @@ impl SampleCache {
             }
         };
         if r.is_some() {
-            self.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.counters.hits.fetch_add(1, Ordering::Relaxed);
         }
         r
     }
@@ -208,23 +219,53 @@ impl SampleCache {
         }
     }
 
+    /// Whether shard `id` is worth collecting for [`SampleCache::insert`]: not when its
+    /// file did not fit the directory's limit already (in memory the budget moves, so a
+    /// shard is tried again).
+    fn wants(&self, id: u32) -> bool {
+        self.disk.is_none() || !self.refused.lock().contains(&id)
+    }
+
+    fn refuse(&self, id: u32) {
+        if self.refused.lock().insert(id) {
+            self.counters.over_limit.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn insert(&self, id: u32, samples: Vec<Sample>) {
         if let Some((tier, shards, format)) = &self.disk {
             let identity = Self::identity(shards, format, id);
-            if let Err(e) = tier.put(&identity, &samples) {
-                // The cache only saves work: a shard it cannot keep is read again.
-                tracing::warn!(shard = shards[id as usize].url, error = %e, "cannot write the disk cache");
+            match tier.put(&identity, &samples) {
+                Ok(crate::diskcache::Put::Written(n)) => {
+                    self.counters.stored.fetch_add(1, Ordering::Relaxed);
+                    self.counters.stored_bytes.fetch_add(n, Ordering::Relaxed);
+                }
+                Ok(crate::diskcache::Put::Present) => {}
+                Ok(crate::diskcache::Put::OverLimit(_)) => self.refuse(id),
+                Err(e) => {
+                    // The cache only saves work: a shard it cannot keep is read again.
+                    tracing::warn!(shard = shards[id as usize].url, error = %e, "cannot write the disk cache");
+                }
             }
+            self.counters.bytes.store(tier.used(), Ordering::Relaxed);
             return;
         }
         let bytes: u64 = samples.iter().map(|s| s.size_bytes() as u64 + 64).sum();
         // Keep at most half the budget for the cache: the rest is for the pipeline itself.
         if self.budget.used() + bytes > self.budget.limit() / 2 {
+            self.refuse(id);
             return;
         }
         if let Some(h) = self.budget.try_reserve(bytes) {
             self.holds.lock().push(h);
             self.shards.lock().insert(id, Arc::new(samples));
+            self.counters.stored.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .stored_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
+            self.counters.bytes.fetch_add(bytes, Ordering::Relaxed);
+        } else {
+            self.refuse(id);
         }
     }
 }
@@ -241,13 +282,19 @@ impl std::fmt::Debug for Dataset {
 }
 
 impl Dataset {
-    /// Lists the source and picks the format.
+    /// Lists the source and picks the format. A run that reads its data once
+    /// (`single_pass`: one epoch) opens a store from a URL without a memory block cache
+    /// unless its options set `cache_memory`: nothing would be read twice (each run opens
+    /// its own store, so no other run could use the blocks either), and every block kept
+    /// would be memory taken from the budget for nothing. A store given by the caller
+    /// (`Source::Keys`) is used as it is.
     pub(crate) fn resolve(
         source: &Source,
         format: &FormatChoice,
         runtime: &tokio::runtime::Handle,
         budget: Option<stoker_core::MemoryBudget>,
         memory_limit: Option<u64>,
+        single_pass: bool,
     ) -> Result<Dataset, Error> {
         let storage = |e: stoker_store::Error| Error::storage(e.to_string());
         let (store, infos, memory, prefix) = match source {
@@ -261,6 +308,9 @@ impl Dataset {
                 let mut options = (**options).clone();
                 if let Some(l) = memory_limit {
                     options = options.with_memory_limit(l);
+                }
+                if single_pass && options.cache_memory.is_none() {
+                    options = options.with_cache_memory(0);
                 }
                 let store = match budget.clone() {
                     Some(b) => Store::open_with_budget(url, options, b),
@@ -494,7 +544,8 @@ fn spawn_reader(ds: &Arc<Dataset>, id: u32, skip: u64) -> crossbeam_channel::Rec
                 return;
             }
             // Collect the shard for the cache (only a read from the start can fill it).
-            let mut keep: Option<Vec<Sample>> = (ds.cache.is_some() && skip == 0).then(Vec::new);
+            let mut keep: Option<Vec<Sample>> =
+                (ds.cache.as_ref().is_some_and(|c| c.wants(id)) && skip == 0).then(Vec::new);
             let reader = open_input(&ds, id).and_then(|input| ds.format.open(shard, input));
             let mut reader = match reader {
                 Ok(r) => r,
@@ -642,7 +693,7 @@ fn run_per_object(
                 Error::storage(e.to_string()).with_object(ds.shards[id as usize].url.clone())
             })
             .and_then(|o| sample_of_object(ds, id, o.bytes));
-        if let (Ok(s), Some(c)) = (&r, ds.cache.as_ref()) {
+        if let (Ok(s), Some(c)) = (&r, ds.cache.as_ref().filter(|c| c.wants(id))) {
             c.insert(id, vec![s.clone()]);
         }
         if !send(cursor, id, r) {

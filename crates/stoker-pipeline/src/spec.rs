@@ -231,6 +231,10 @@ pub enum OpSpec {
         /// A local directory for a disk cache (default: memory).
         #[serde(default)]
         dir: Option<String>,
+        /// The most the directory's files may take (`20GiB`; default: unbounded). Shards
+        /// beyond it are read from the source every epoch.
+        #[serde(default)]
+        size: Option<String>,
     },
     /// Items kept ready ahead.
     Prefetch {
@@ -281,8 +285,32 @@ impl OpSpec {
             OpSpec::Take { n } => p.take(*n),
             OpSpec::Skip { n } => p.skip(*n),
             OpSpec::Prefetch { n } => p.prefetch(*n),
-            OpSpec::Cache { dir: None } => p.cache(),
-            OpSpec::Cache { dir: Some(d) } => p.cache_on_disk(d),
+            OpSpec::Cache {
+                dir: None,
+                size: None,
+            } => p.cache(),
+            OpSpec::Cache {
+                dir: None,
+                size: Some(_),
+            } => {
+                return Err(Error::invalid(
+                    "cache: size limits a disk cache; give dir too (the memory cache is \
+                     bounded by the memory budget)",
+                ))
+            }
+            OpSpec::Cache {
+                dir: Some(d),
+                size: None,
+            } => p.cache_on_disk(d),
+            OpSpec::Cache {
+                dir: Some(d),
+                size: Some(z),
+            } => {
+                let b: ByteSize = z
+                    .parse()
+                    .map_err(|e| Error::invalid(format!("cache size {z:?}: {e}")))?;
+                p.cache_on_disk_limited(d, b.bytes())
+            }
             OpSpec::Builtin(b) => {
                 b.validate()?;
                 p.map(b.clone())

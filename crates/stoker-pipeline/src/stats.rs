@@ -47,6 +47,37 @@ pub struct StageStats {
     pub queue: (u64, u64),
 }
 
+/// Counters of the `cache` operator (see [`SampleCacheStats`]).
+#[derive(Debug, Default)]
+pub(crate) struct CacheCounters {
+    pub hits: AtomicU64,
+    pub stored: AtomicU64,
+    pub stored_bytes: AtomicU64,
+    pub over_limit: AtomicU64,
+    pub bytes: AtomicU64,
+    /// `u64::MAX`: none.
+    pub limit: AtomicU64,
+}
+
+/// The `cache` operator's numbers: what it served, stored and could not keep.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SampleCacheStats {
+    /// Shards (objects) served from the cache instead of the source.
+    pub hits: u64,
+    /// Shards this run stored in the cache.
+    pub stored: u64,
+    /// Bytes this run stored (the files' sizes on disk; samples' sizes in memory).
+    pub stored_bytes: u64,
+    /// Shards not stored because the cache had no room for them (the directory's size
+    /// limit; in memory, half the memory budget). They are read from the source each epoch.
+    pub over_limit: u64,
+    /// Bytes in the cache now: the directory's files (all runs', as of this run's last
+    /// write or open), or the samples this run keeps in memory.
+    pub bytes: u64,
+    /// The size limit: the directory's (`None`: unbounded), or half the memory budget.
+    pub limit: Option<u64>,
+}
+
 /// A skipped record or sample.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Skipped {
@@ -80,6 +111,8 @@ pub struct Stats {
     /// The store's request metrics (bytes read from storage, requests, latencies), when the
     /// source is a store.
     pub storage: Option<stoker_store::MetricsSnapshot>,
+    /// The `cache` operator's numbers, when the pipeline has one.
+    pub cache: Option<SampleCacheStats>,
 }
 
 #[derive(Debug)]
@@ -93,10 +126,11 @@ pub(crate) struct StatsHub {
     pub skipped: AtomicU64,
     pub skipped_errors: Mutex<Vec<Skipped>>,
     pub autotune: Mutex<Vec<(f64, u64, String)>>,
+    pub cache: Option<Arc<CacheCounters>>,
 }
 
 impl StatsHub {
-    pub(crate) fn new(names: Vec<String>) -> StatsHub {
+    pub(crate) fn new(names: Vec<String>, cache: Option<Arc<CacheCounters>>) -> StatsHub {
         StatsHub {
             started: Instant::now(),
             stages: names
@@ -110,6 +144,7 @@ impl StatsHub {
             skipped: AtomicU64::new(0),
             skipped_errors: Mutex::new(Vec::new()),
             autotune: Mutex::new(Vec::new()),
+            cache,
         }
     }
 
@@ -158,6 +193,14 @@ impl StatsHub {
             autotune: self.autotune.lock().clone(),
             memory: (budget.used(), budget.peak(), budget.limit()),
             storage: store.map(|s| s.metrics()),
+            cache: self.cache.as_ref().map(|c| SampleCacheStats {
+                hits: ld(&c.hits),
+                stored: ld(&c.stored),
+                stored_bytes: ld(&c.stored_bytes),
+                over_limit: ld(&c.over_limit),
+                bytes: ld(&c.bytes),
+                limit: Some(ld(&c.limit)).filter(|&l| l != u64::MAX),
+            }),
         }
     }
 }

@@ -459,3 +459,216 @@ fn a_cache_changes_speed_not_results() {
         );
     }
 }
+
+/// The bytes of every file in `dir`. While a run writes, a listing can race a rename (a
+/// file listed under its temporary name is gone when asked for its size, or is listed
+/// under both names): so the smallest of three measurements, which a real excess (files
+/// stay) survives.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    (0..3)
+        .map(|_| {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .filter_map(|e| Some(e.ok()?.metadata().ok()?.len()))
+                .sum()
+        })
+        .min()
+        .unwrap()
+}
+
+/// What an unbounded disk cache of `p` stores, in bytes.
+fn cache_bytes(p: &stoker_pipeline::Pipeline, n: u64) -> u64 {
+    let full = tempfile::tempdir().unwrap();
+    let mut run = p.clone().cache_on_disk(full.path()).run().unwrap();
+    run.by_ref().for_each(drop);
+    let c = run.stats().cache.unwrap();
+    assert_eq!((c.stored, c.over_limit, c.limit), (n, 0, None));
+    assert_eq!(
+        dir_bytes(full.path()),
+        c.stored_bytes + c.stored_bytes.to_string().len() as u64,
+        "the entries and the count"
+    );
+    c.stored_bytes
+}
+
+/// The line shards (7) or the small files (57, one sample per object), and their count,
+/// with the store's block cache off, so every shard not served by the pipeline's cache is
+/// fetched again.
+fn uncached_store(what: &str) -> (stoker_pipeline::Pipeline, u64) {
+    let (format, n) = match what {
+        "shards" => (
+            stoker_pipeline::FormatChoice::Fixed(std::sync::Arc::new(Lines)),
+            7,
+        ),
+        _ => (stoker_pipeline::FormatChoice::Files, 57),
+    };
+    let p = stoker_pipeline::Pipeline::from_url(
+        &format!("s3://{BUCKET}/{what}/"),
+        store_options().with_cache_memory(0),
+        format,
+    )
+    .interleave(2)
+    .shuffle_shards(true)
+    .map(Builtin::RandomInt {
+        to: "r".into(),
+        below: 1_000_000,
+    })
+    .shuffle(10)
+    .seed(9)
+    .epochs(Some(3));
+    (p, n)
+}
+
+#[test]
+fn a_disk_cache_over_its_size_limit_keeps_what_fits_and_reads_the_rest() {
+    for what in ["shards", "files"] {
+        limited_disk_cache(what);
+    }
+}
+
+fn limited_disk_cache(what: &str) {
+    let (p, n) = uncached_store(what);
+    let plain: Vec<Item> = p.run().unwrap().map(Result::unwrap).collect();
+    let mut run = p.run().unwrap();
+    run.by_ref().for_each(drop);
+    let gets_plain = run.stats().storage.unwrap().get_requests;
+    // Half of what all shards take: some fit, some do not.
+    let limit = cache_bytes(&p, n) / 2;
+    let dir = tempfile::tempdir().unwrap();
+    let limited = p.clone().cache_on_disk_limited(dir.path(), limit);
+    let mut run = limited.run().unwrap();
+    let mut got = Vec::new();
+    for item in run.by_ref() {
+        got.push(item.unwrap());
+        assert!(
+            dir_bytes(dir.path()) <= limit,
+            "the directory stays within the limit"
+        );
+    }
+    assert_eq!(got, plain, "{what}: identical samples in all three epochs");
+    let stats = run.stats();
+    let c = stats.cache.clone().unwrap();
+    assert!(c.stored > 0 && c.over_limit > 0, "{what}: {c:?}");
+    assert_eq!(c.stored + c.over_limit, n, "{what}: {c:?}");
+    assert_eq!(
+        c.hits,
+        2 * c.stored,
+        "{what}: epochs 2 and 3 read the stored shards from disk"
+    );
+    assert_eq!(c.limit, Some(limit));
+    assert!(
+        c.stored_bytes <= limit && c.bytes == c.stored_bytes,
+        "{c:?}"
+    );
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "samples"))
+        .collect();
+    assert_eq!(files.len() as u64, c.stored);
+    let on_disk: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .sum();
+    assert_eq!(on_disk, c.bytes);
+    // The shards over the limit were fetched in every epoch, the others once.
+    let gets = stats.storage.unwrap().get_requests;
+    assert!(
+        gets > gets_plain / 3 && gets < gets_plain,
+        "{what}: {gets} of {gets_plain}"
+    );
+
+    // A later run over the full directory stores nothing more and gives the same samples.
+    let mut later = limited.run().unwrap();
+    let again: Vec<Item> = later.by_ref().map(Result::unwrap).collect();
+    assert_eq!(again, plain);
+    let c2 = later.stats().cache.unwrap();
+    assert_eq!((c2.stored, c2.over_limit), (0, c.over_limit));
+    assert_eq!(c2.hits, 3 * c.stored);
+    assert!(dir_bytes(dir.path()) <= limit);
+}
+
+#[test]
+fn runs_sharing_a_limited_disk_cache_stay_within_it_and_agree() {
+    let (p, n) = uncached_store("shards");
+    let plain: Vec<Item> = p.run().unwrap().map(Result::unwrap).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let limit = cache_bytes(&p, n) / 2;
+    let limited = p.cache_on_disk_limited(dir.path(), limit);
+    let outs: Vec<Vec<Item>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|_| {
+                let l = limited.clone();
+                s.spawn(move || l.run().unwrap().map(Result::unwrap).collect())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for o in &outs {
+        assert_eq!(o, &plain);
+    }
+    assert!(dir_bytes(dir.path()) <= limit);
+    let mut later = limited.run().unwrap();
+    assert_eq!(
+        later.by_ref().map(Result::unwrap).collect::<Vec<_>>(),
+        plain
+    );
+    let c = later.stats().cache.unwrap();
+    assert!(c.hits > 0 && c.over_limit > 0, "{c:?}");
+}
+
+#[test]
+fn a_cache_size_needs_a_directory_in_a_spec() {
+    let build = |ops: &str| {
+        let spec: stoker_pipeline::PipelineSpec = toml::from_str(&format!(
+            "source = \"s3://{BUCKET}/shards/\"\nformat = \"jsonl\"\n{ops}"
+        ))
+        .unwrap();
+        spec.build(stoker_store::StoreOptions::default())
+    };
+    let err = build("[[ops]]\nop = \"cache\"\nsize = \"1MiB\"\n").unwrap_err();
+    assert!(err.to_string().contains("give dir"), "{err}");
+    let err = build("[[ops]]\nop = \"cache\"\ndir = \"/tmp/x\"\nsize = \"lots\"\n").unwrap_err();
+    assert!(err.to_string().contains("cache size"), "{err}");
+    let p = build("[[ops]]\nop = \"cache\"\ndir = \"/tmp/x\"\nsize = \"20GiB\"\n").unwrap();
+    assert!(
+        format!("{p:?}").contains("cache_size: Some(21474836480)"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn a_one_epoch_run_keeps_no_blocks_in_memory_and_two_epochs_do() {
+    let mut one = shards().interleave(2).epochs(Some(1)).run().unwrap();
+    one.by_ref().for_each(drop);
+    let m = one.stats().storage.unwrap();
+    assert!(m.bytes_read > 0);
+    assert_eq!(
+        (
+            m.cache.memory_capacity,
+            m.cache.memory_bytes,
+            m.cache.inserts
+        ),
+        (0, 0, 0),
+        "{:?}",
+        m.cache
+    );
+    // Asked for explicitly, it is there.
+    let asked = stoker_pipeline::Pipeline::from_url(
+        &format!("s3://{BUCKET}/shards/"),
+        store_options().with_cache_memory(64 << 20),
+        stoker_pipeline::FormatChoice::Fixed(std::sync::Arc::new(Lines)),
+    );
+    let mut run = asked.run().unwrap();
+    run.by_ref().for_each(drop);
+    let m = run.stats().storage.unwrap();
+    assert_eq!(m.cache.memory_capacity, 64 << 20);
+    assert!(m.cache.memory_bytes > 0);
+    // Two epochs: the second is served by the block cache.
+    let mut two = shards().interleave(2).epochs(Some(2)).run().unwrap();
+    two.by_ref().for_each(drop);
+    let m2 = two.stats().storage.unwrap();
+    assert!(m2.cache.memory_capacity > 0 && m2.cache.memory_bytes > 0);
+    assert!(m2.cache.memory_hits > 0, "{:?}", m2.cache);
+    assert_eq!(m2.get_requests, one.stats().storage.unwrap().get_requests);
+}

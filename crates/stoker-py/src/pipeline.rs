@@ -286,11 +286,29 @@ impl PyPipeline {
         self.with(|p| p.skip(n))
     }
 
-    #[pyo3(signature = (dir=None))]
-    fn cache(&self, dir: Option<std::path::PathBuf>) -> Self {
-        self.with(|p| match dir {
-            Some(d) => p.cache_on_disk(d),
-            None => p.cache(),
+    #[pyo3(signature = (dir=None, size=None))]
+    fn cache(
+        &self,
+        dir: Option<std::path::PathBuf>,
+        size: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let size = match size {
+            None => None,
+            Some(s) => Some(match s.extract::<u64>() {
+                Ok(b) => b,
+                Err(_) => parse_size("cache size", &s.extract::<String>()?)?,
+            }),
+        };
+        Ok(match (dir, size) {
+            (None, None) => self.with(|p| p.cache()),
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "cache: size limits a disk cache; give dir too (the memory cache is \
+                     bounded by the memory budget)",
+                ))
+            }
+            (Some(d), None) => self.with(|p| p.cache_on_disk(d)),
+            (Some(d), Some(b)) => self.with(|p| p.cache_on_disk_limited(d, b)),
         })
     }
 

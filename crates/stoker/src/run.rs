@@ -29,6 +29,8 @@ pub struct RunReport {
     /// Seconds from the start (listing included) to the first item; `null` when none came.
     pub first_item_s: Option<f64>,
     pub stages: Vec<stoker_pipeline::StageStats>,
+    /// The `cache` op's numbers (hits, stored, over_limit, bytes, limit); `null` without one.
+    pub cache: Option<stoker_pipeline::SampleCacheStats>,
     pub skipped_errors: Vec<String>,
     pub autotune: Vec<(f64, u64, String)>,
 }
@@ -132,6 +134,7 @@ fn run_blocking(
         consumer_wait_s: waited.as_secs_f64(),
         first_item_s,
         stages: st.stages.clone(),
+        cache: st.cache.clone(),
         skipped_errors: st.skipped_errors.iter().map(|s| s.error.clone()).collect(),
         autotune: st.autotune.clone(),
     };
@@ -163,6 +166,20 @@ fn print_summary(out: &mut impl Write, r: &RunReport, st: &Stats) -> std::io::Re
         r.peak_rss_bytes as f64 / (1 << 20) as f64,
         st.threads
     )?;
+    if let Some(c) = &r.cache {
+        writeln!(
+            out,
+            "cache: {} shards served, {} stored ({:.1} MiB), {} not stored (no room); {:.1} MiB held{}",
+            c.hits,
+            c.stored,
+            c.stored_bytes as f64 / (1 << 20) as f64,
+            c.over_limit,
+            c.bytes as f64 / (1 << 20) as f64,
+            c.limit
+                .map(|l| format!(" of {:.1} MiB", l as f64 / (1 << 20) as f64))
+                .unwrap_or_default()
+        )?;
+    }
     if r.step_ms > 0.0 {
         writeln!(
             out,

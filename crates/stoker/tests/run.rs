@@ -204,3 +204,41 @@ fn a_slow_consumer_keeps_the_process_within_the_memory_budget() {
         grew >> 20
     );
 }
+
+#[test]
+fn a_size_limited_disk_cache_reports_what_it_kept_and_what_it_could_not() {
+    let s = server();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let text = |size: &str| {
+        format!(
+            "source = \"s3://{BUCKET}/fx/\"\nglob = \"*wds.tar\"\nformat = \"tar\"\n\
+             epochs = 2\n[[ops]]\nop = \"cache\"\ndir = \"{}\"\n{size}",
+            cache.display()
+        )
+    };
+    // Unbounded: the three shards' files, then the same again in a fresh directory with
+    // room for about one and a half.
+    let r = run_json(&s, &spec(&dir, &text("")), &[]);
+    assert_eq!(r["cache"]["stored"], 3, "{r}");
+    assert_eq!(r["cache"]["limit"], serde_json::Value::Null, "{r}");
+    let total = r["cache"]["stored_bytes"].as_u64().unwrap();
+    std::fs::remove_dir_all(&cache).unwrap();
+    let limit = total / 2;
+    let r = run_json(
+        &s,
+        &spec(&dir, &text(&format!("size = \"{limit}\"\n"))),
+        &[],
+    );
+    assert_eq!(r["samples"], 2 * 3 * 8, "{r}");
+    let c = &r["cache"];
+    assert_eq!(c["limit"], limit, "{r}");
+    assert_eq!(c["stored"], 1, "{r}");
+    assert_eq!(c["over_limit"], 2, "{r}");
+    assert_eq!(c["hits"], 1, "{r}");
+    let on_disk: u64 = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(on_disk <= limit, "{on_disk} > {limit}");
+}
