@@ -28,6 +28,21 @@ pub struct EpochReport {
     pub mib_per_s: f64,
 }
 
+impl EpochReport {
+    /// The figures of epoch `epoch`: `objects` and `bytes` read in `seconds`.
+    pub fn new(epoch: usize, objects: u64, bytes: u64, seconds: f64) -> EpochReport {
+        let seconds = seconds.max(1e-9);
+        EpochReport {
+            epoch,
+            objects,
+            bytes,
+            seconds,
+            objects_per_s: objects as f64 / seconds,
+            mib_per_s: bytes as f64 / (1 << 20) as f64 / seconds,
+        }
+    }
+}
+
 /// The whole run; `--json` prints this.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -191,15 +206,8 @@ async fn measure_keys(
             objects += 1;
             progress.inc(got);
         }
-        let seconds = start.elapsed().as_secs_f64().max(1e-9);
-        reports.push(EpochReport {
-            epoch,
-            objects: objects as u64,
-            bytes,
-            seconds,
-            objects_per_s: objects as f64 / seconds,
-            mib_per_s: bytes as f64 / (1 << 20) as f64 / seconds,
-        });
+        let seconds = start.elapsed().as_secs_f64();
+        reports.push(EpochReport::new(epoch, objects as u64, bytes, seconds));
     }
     progress.finish_and_clear();
     let listed = keys
@@ -250,15 +258,8 @@ pub async fn measure(
             bytes += read_large(store, o, progress).await?;
             objects += 1;
         }
-        let seconds = start.elapsed().as_secs_f64().max(1e-9);
-        reports.push(EpochReport {
-            epoch,
-            objects,
-            bytes,
-            seconds,
-            objects_per_s: objects as f64 / seconds,
-            mib_per_s: bytes as f64 / (1 << 20) as f64 / seconds,
-        });
+        let seconds = start.elapsed().as_secs_f64();
+        reports.push(EpochReport::new(epoch, objects, bytes, seconds));
     }
     progress.finish_and_clear();
     Ok(reports)
@@ -322,18 +323,8 @@ pub async fn first_epoch_streaming(
         bytes += read_large(store, o, progress).await?;
         objects += 1;
     }
-    let seconds = start.elapsed().as_secs_f64().max(1e-9);
-    Ok(Some((
-        EpochReport {
-            epoch: 1,
-            objects,
-            bytes,
-            seconds,
-            objects_per_s: objects as f64 / seconds,
-            mib_per_s: bytes as f64 / (1 << 20) as f64 / seconds,
-        },
-        all,
-    )))
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(Some((EpochReport::new(1, objects, bytes, seconds), all)))
 }
 
 pub fn progress_bar(hidden: bool) -> ProgressBar {

@@ -225,14 +225,7 @@ fn image_pipeline(
         }
         if samples == per_epoch {
             let seconds = t.elapsed().as_secs_f64();
-            epochs.push(EpochReport {
-                epoch: epochs.len() + 1,
-                objects: samples,
-                bytes,
-                seconds,
-                objects_per_s: samples as f64 / seconds,
-                mib_per_s: bytes as f64 / seconds / (1 << 20) as f64,
-            });
+            epochs.push(EpochReport::new(epochs.len() + 1, samples, bytes, seconds));
             samples = 0;
             bytes = 0;
             t = std::time::Instant::now();
