@@ -12,12 +12,12 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
     TimeOrNow, WriteFlags,
@@ -87,12 +87,24 @@ pub(crate) struct Shared {
     scans: Mutex<HashMap<u64, DirScan>>,
     /// Per directory prefix: lookups answered without a listing since the last one.
     probes: Mutex<HashMap<String, u32>>,
+    /// Files of at least this many bytes are opened with direct I/O (`None`: none are).
+    direct_io_min: Option<u64>,
+    /// Whether the kernel lets direct-I/O files be memory-mapped (`FUSE_DIRECT_IO_ALLOW_MMAP`,
+    /// Linux 6.6+), learnt at `init`: without it no file is opened with direct I/O, since
+    /// `mmap` of such a file would fail.
+    direct_io: AtomicBool,
 }
 
 /// Lookups without a listing in one directory before it is listed in the background.
 const PROBES_BEFORE_LISTING: u32 = 8;
 
 impl Shared {
+    /// Whether a file of `size` bytes is opened with direct I/O: its reads go from the
+    /// mount's buffers straight into the reader's, not through the kernel's page cache.
+    fn direct_io_for(&self, size: u64) -> bool {
+        self.direct_io.load(Ordering::Relaxed) && self.direct_io_min.is_some_and(|m| size >= m)
+    }
+
     /// The directory `prefix`'s listing (the store caches it for the metadata TTL).
     async fn listing(&self, prefix: &str) -> Result<Arc<Listing>, Error> {
         let lock = Arc::clone(self.dir_locks.lock().entry(prefix.to_string()).or_default());
@@ -390,6 +402,7 @@ impl StokerFs {
         rt: tokio::runtime::Handle,
         root_prefix: String,
         ttl: Duration,
+        direct_io_min: Option<u64>,
     ) -> (Self, Arc<Shared>) {
         // SAFETY: geteuid and getegid only read the process's credentials.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
@@ -403,6 +416,8 @@ impl StokerFs {
             dir_locks: Mutex::default(),
             probes: Mutex::default(),
             scans: Mutex::default(),
+            direct_io_min,
+            direct_io: AtomicBool::new(false),
         });
         let fs = StokerFs {
             shared: Arc::clone(&shared),
@@ -510,6 +525,15 @@ impl Filesystem for StokerFs {
         // default of 12.
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
+        if self.shared.direct_io_min.is_some() {
+            match config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+                Ok(()) => self.shared.direct_io.store(true, Ordering::Relaxed),
+                Err(_) => tracing::info!(
+                    "this kernel cannot memory-map direct-I/O files (FUSE_DIRECT_IO_ALLOW_MMAP, \
+                     Linux 6.6+): every file goes through the page cache"
+                ),
+            }
+        }
         Ok(())
     }
 
@@ -589,11 +613,14 @@ impl Filesystem for StokerFs {
                 st.opened_version = Some(version);
                 keep
             };
-            let flags = if keep {
+            let mut flags = if keep {
                 FopenFlags::FOPEN_KEEP_CACHE
             } else {
                 FopenFlags::empty()
             };
+            if shared.direct_io_for(info.size) {
+                flags |= FopenFlags::FOPEN_DIRECT_IO;
+            }
             // Registered only once the open succeeds: a failed open leaves nothing behind.
             let (tx, rx) = mpsc::unbounded_channel();
             files.lock().insert(fh, tx);

@@ -8,6 +8,18 @@
 //! for the metadata TTL. What the mount promises, and the test that checks each promise,
 //! are in `docs/mount.md`.
 //!
+//! **Large files skip the page cache.** A file read through FUSE normally costs two copies
+//! on the client after the network: the daemon's reply into the kernel's page cache, then
+//! the page cache into the reader's buffer, and the data sits in memory twice (page cache
+//! and block cache). Files of at least [`MountOptions::direct_io_min`] (64 MiB by default:
+//! shards, Parquet files, arrays, not images or clips) are opened with `FOPEN_DIRECT_IO`:
+//! the kernel copies the daemon's reply straight into the reader's buffer, and the block
+//! cache is the one cache. On the 1 GiB benchmark file that took a quarter off the client's
+//! CPU time per byte (`docs/benchmarks.md`). Such files can still be memory-mapped: the
+//! mount asks for `FUSE_DIRECT_IO_ALLOW_MMAP` (Linux 6.6+), and on a kernel without it no
+//! file is opened with direct I/O. Smaller files keep the page cache, which serves
+//! re-reads of a warm file without a round trip to the daemon.
+//!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
 //! use stoker_store::{Store, StoreOptions};
@@ -47,7 +59,16 @@ pub struct MountOptions {
     /// Let other users (and root) use the mount (`allow_other`; a non-root user needs
     /// `user_allow_other` in /etc/fuse.conf).
     pub allow_other: bool,
+    /// Files of at least this many bytes are read with direct I/O, past the kernel's page
+    /// cache (`None`: every file goes through the page cache). Default
+    /// [`DEFAULT_DIRECT_IO_MIN`]. See the crate docs.
+    pub direct_io_min: Option<u64>,
 }
+
+/// Files from this size on are read with direct I/O unless told otherwise: 64 MiB, well
+/// above an image, an audio clip or a document, where shards, Parquet files and arrays
+/// begin.
+pub const DEFAULT_DIRECT_IO_MIN: u64 = 64 << 20;
 
 impl Default for MountOptions {
     fn default() -> Self {
@@ -55,6 +76,7 @@ impl Default for MountOptions {
             fs_name: "stoker".into(),
             metadata_ttl: None,
             allow_other: false,
+            direct_io_min: Some(DEFAULT_DIRECT_IO_MIN),
         }
     }
 }
@@ -75,6 +97,12 @@ impl MountOptions {
     /// Sets `allow_other`.
     pub fn with_allow_other(mut self, allow: bool) -> Self {
         self.allow_other = allow;
+        self
+    }
+
+    /// Sets the size from which files are read with direct I/O (`None`: never).
+    pub fn with_direct_io_min(mut self, min: Option<u64>) -> Self {
+        self.direct_io_min = min;
         self
     }
 }
@@ -255,7 +283,13 @@ pub fn mount(
     };
     // Started before the mount, so that it holds nothing of it (no /dev/fuse descriptor).
     let watcher = Watcher::start(&path);
-    let (fs, _shared) = fs::StokerFs::new(store.clone(), runtime, root_prefix, ttl);
+    let (fs, _shared) = fs::StokerFs::new(
+        store.clone(),
+        runtime,
+        root_prefix,
+        ttl,
+        options.direct_io_min,
+    );
     let session = match Session::new(fs, &path, &config) {
         Ok(s) => s,
         Err(source) => {

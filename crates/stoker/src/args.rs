@@ -245,11 +245,32 @@ pub struct MountArgs {
     /// Let other users read the mount (allow_other).
     #[arg(long)]
     pub allow_other: bool,
+    /// Files of at least this size are read with direct I/O, past the kernel's page cache
+    /// (one copy less per byte; the block cache still serves re-reads); `off`: never.
+    #[arg(long, value_name = "SIZE|off", default_value = "64MiB")]
+    pub direct_io_min: DirectIoMin,
     /// Once mounted in the background, write messages here (default: discarded).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
     #[command(flatten)]
     pub store: StoreArgs,
+}
+
+/// `--direct-io-min`: a size, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectIoMin(pub Option<u64>);
+
+impl std::str::FromStr for DirectIoMin {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("off") {
+            return Ok(DirectIoMin(None));
+        }
+        s.parse::<ByteSize>()
+            .map(|b| DirectIoMin(Some(b.bytes())))
+            .map_err(|e| format!("{e}, or `off`"))
+    }
 }
 
 #[derive(Debug, Args)]

@@ -58,7 +58,8 @@ pub async fn mount(a: MountArgs) -> anyhow::Result<()> {
     let options = MountOptions::default()
         .with_fs_name(format!("stoker:{}", a.url))
         .with_metadata_ttl(ttl)
-        .with_allow_other(a.allow_other);
+        .with_allow_other(a.allow_other)
+        .with_direct_io_min(a.direct_io_min.0);
     let mut m = stoker_mount::mount(
         store.clone(),
         tokio::runtime::Handle::current(),

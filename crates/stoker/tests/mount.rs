@@ -816,6 +816,93 @@ fn claim_random_reads_warm_a_file_that_fits() {
     s.faults().clear();
 }
 
+/// How many of `path`'s pages are in the kernel's page cache (`mincore` over a shared
+/// mapping, which reports residency without reading anything).
+fn pages_cached(path: &Path) -> usize {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    let page = 4096;
+    // SAFETY: a read-only shared mapping of a file we hold open, unmapped below; mincore
+    // writes one byte per page into a vector of that many bytes.
+    unsafe {
+        let addr = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(addr, libc::MAP_FAILED, "mmap of {}", path.display());
+        let mut vec = vec![0u8; len.div_ceil(page)];
+        let r = libc::mincore(addr, len, vec.as_mut_ptr());
+        libc::munmap(addr, len);
+        assert_eq!(r, 0, "mincore of {}", path.display());
+        vec.iter().filter(|&&b| b & 1 == 1).count()
+    }
+}
+
+#[test]
+fn claim_large_files_bypass_the_page_cache() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let big_src = source(&s, "data/big.bin");
+    let small_src = source(&s, "data/f5.bin");
+    // big.bin is 24 MiB, f5.bin 1 MiB: a 16 MiB threshold puts them on either side.
+    let m = Mounted::start(&s, "s3://mnt/", &["--direct-io-min", "16MiB"]);
+    let big = m.path().join("data/big.bin");
+    let small = m.path().join("data/f5.bin");
+    assert_eq!(std::fs::read(&big).unwrap(), big_src);
+    assert_eq!(std::fs::read(&small).unwrap(), small_src);
+    assert_eq!(
+        pages_cached(&big),
+        0,
+        "a file above --direct-io-min was read through the page cache (does this kernel \
+         have FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6+?)"
+    );
+    assert!(
+        pages_cached(&small) > 0,
+        "a small file skipped the page cache"
+    );
+    // The large file still maps: its bytes through mmap are the object's.
+    {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::File::open(&big).unwrap();
+        let len = big_src.len();
+        // SAFETY: a read-only private mapping of an open file, read within its length and
+        // unmapped before the file is closed.
+        unsafe {
+            let addr = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                f.as_raw_fd(),
+                0,
+            );
+            assert_ne!(addr, libc::MAP_FAILED, "mmap of a direct-I/O file");
+            let mapped = std::slice::from_raw_parts(addr as *const u8, len);
+            assert!(
+                mapped == &big_src[..],
+                "mapped bytes differ from the object"
+            );
+            libc::munmap(addr, len);
+        }
+    }
+    drop(m);
+    // With `off`, the same read fills the page cache.
+    let m = Mounted::start(&s, "s3://mnt/", &["--direct-io-min", "off"]);
+    let big = m.path().join("data/big.bin");
+    assert_eq!(std::fs::read(&big).unwrap(), big_src);
+    assert!(
+        pages_cached(&big) > 0,
+        "--direct-io-min off still skipped the page cache"
+    );
+}
+
 /// `stat -f`'s count of inodes: the mount reports how many it holds.
 fn inodes_held(p: &Path) -> u64 {
     tool(
