@@ -198,6 +198,22 @@ class Pipeline:
         return self._then(self._p.shard(rank, world, policy, part, parts), "shard", rank, world, policy,
                           part=part, parts=parts)
 
+    def split_mode(self, mode: str) -> Pipeline:
+        """How ranks split formats with many records per shard (tar, TFRecord, Parquet,
+        JSONL, CSV): ``"interleaved"`` deals the stream of all shards out one sample per rank
+        in rounds (every rank reads every shard); ``"contiguous"`` gives each rank a span of
+        the epoch's records, so it reads only about ``1 / world`` of the shards (needs every
+        shard's record count: Parquet's footers, or :meth:`shard_index`); ``"auto"`` (the
+        default) is contiguous when the counts are known. Equal shares either way. Applies
+        to :meth:`shard` and to ``stoker.torch.Dataset``'s sharding alike."""
+        return self._then(self._p.split_mode(mode), "split_mode", mode)
+
+    def shard_index(self, url: str) -> Pipeline:
+        """A JSON file (any store URL) with every shard's record count, for the contiguous
+        split: ``{"shards": [{"url": ..., "records": N}, ...]}`` (what ``stoker index``
+        writes) or WebDataset's ``{"shardlist": [{"url": ..., "nsamples": N}]}``."""
+        return self._then(self._p.shard_index(url), "shard_index", url)
+
     # Tail operators -------------------------------------------------------------------
 
     def shuffle(self, buffer: int) -> Pipeline:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -154,3 +155,54 @@ def test_files_and_imagefolder_from_a_local_directory(local_dir):
     images = read_all(stoker.from_url(local_dir.as_uri() + "/", format="imagefolder"))
     labels = {bytes(s["jpg"]).decode(): s["label"] for s in images}
     assert labels == {f"{c}{i}": (0 if c == "cat" else 1) for c in ("cat", "dog") for i in range(3)}
+
+
+def test_ranks_split_parquet_contiguously_and_tar_with_a_shard_index(s3, prefix):
+    # Parquet files of uneven row counts, written by pyarrow: the footers give the counts,
+    # so each rank reads only its span (auto); a WebDataset shard index does it for tar.
+    sizes = [70, 5, 130, 41]
+    for i, n in enumerate(sizes):
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.table({"id": pa.array(range(i * 1000, i * 1000 + n), pa.int64())}), sink,
+                       row_group_size=32)
+        s3.put(f"{prefix}pq/{i}.parquet", sink.getvalue().to_pybytes())
+    base = stoker.from_url(f"s3://data/{prefix}pq/", format="parquet", **s3.options).shuffle_shards().seed(2)
+    total = sum(sizes)
+    ids = []
+    for rank in range(3):
+        p = base.shard(rank, 3)
+        assert "rank split contiguous" in p.explain()
+        got = [int(s["id"]) for s in p]
+        assert len(got) == total // 3
+        ids += got
+    assert len(set(ids)) == len(ids) == total // 3 * 3
+    inter = [int(s["id"]) for s in base.split_mode("interleaved").shard(0, 3)]
+    assert len(inter) == total // 3
+    with_pad = [len(list(base.shard(r, 3, "pad"))) for r in range(3)]
+    assert with_pad == [-(-total // 3)] * 3
+
+    for shard in range(3):
+        samples = [{"__key__": f"t{shard}/{i:03d}", "txt": b"x"} for i in range(4 + shard)]
+        s3.put(f"{prefix}tar/shard-{shard}.tar", tar_shard(samples))
+    index = {"__kind__": "wids-shard-index-v1",
+             "shardlist": [{"url": f"../tar/shard-{s}.tar", "nsamples": 4 + s} for s in range(3)]}
+    s3.put(f"{prefix}idx/wids.json", json.dumps(index).encode())
+    tar = stoker.from_url(f"s3://data/{prefix}tar/", format="tar", **s3.options)
+    assert "rank split interleaved" in tar.shard(0, 2).explain()
+    # Relative names are relative to the index's own directory.
+    url = f"s3://data/{prefix}idx/wids.json"
+    keys = []
+    for rank in range(2):
+        p = tar.shard_index(url).shard(rank, 2)
+        assert "rank split contiguous" in p.explain()
+        got = [s["__key__"] for s in p]
+        assert len(got) == 15 // 2
+        keys += got
+    assert len(set(keys)) == len(keys)
+    # A shard the index does not list is named, and the run does not start.
+    index["shardlist"].pop()
+    s3.put(f"{prefix}idx/wids.json", json.dumps(index).encode())
+    with pytest.raises(ValueError, match="shard-2.tar"):
+        list(tar.shard_index(url).shard(0, 2))
+    with pytest.raises(ValueError, match="split must be"):
+        tar.split_mode("sideways")

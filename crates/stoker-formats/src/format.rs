@@ -61,6 +61,26 @@ pub trait Format: Send + Sync + fmt::Debug {
     /// Starts reading `shard` from `input`.
     fn open(&self, shard: &ShardInfo, input: Input) -> Result<Box<dyn RecordReader>, Error>;
 
+    /// Whether [`Format::count_records`] reads only metadata (Parquet's footer: two small
+    /// ranged reads), so that a pipeline may count every shard before it starts.
+    fn counts_from_metadata(&self) -> bool {
+        false
+    }
+
+    /// How many records [`Format::open`]'s reader of `shard` yields: samples and failed
+    /// records alike (a failed record takes its place, as it does in a pipeline's
+    /// positions). The default reads the whole object; formats that
+    /// [`Format::counts_from_metadata`] read only that.
+    fn count_records(&self, shard: &ShardInfo, input: Input) -> Result<u64, Error> {
+        let mut r = self.open(shard, input)?;
+        loop {
+            match r.next() {
+                Ok(Some(_)) | Err(_) => {}
+                Ok(None) => return Ok(r.record()),
+            }
+        }
+    }
+
     /// Whether [`Format::open_columns`] works: the format decodes whole columns (Parquet),
     /// so a pipeline can batch its rows without making a sample of each.
     fn reads_columns(&self) -> bool {

@@ -111,6 +111,15 @@ impl Format for Parquet {
             .map(|r| Box::new(r) as Box<dyn RecordReader>)
     }
 
+    fn counts_from_metadata(&self) -> bool {
+        true
+    }
+
+    /// The rows the footer gives its row groups: the footer is read, no column data.
+    fn count_records(&self, shard: &ShardInfo, input: Input) -> Result<u64, Error> {
+        Ok(self.reader(shard, input, false)?.group_rows.iter().sum())
+    }
+
     fn reads_columns(&self) -> bool {
         true
     }

@@ -190,6 +190,9 @@ pub struct PipelineState {
     /// second unbatch).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cuts: Vec<Vec<ItemPos>>,
+    /// The rank split was contiguous (the source's cursor indexes this rank's pieces).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub contiguous: bool,
 }
 
 impl PipelineState {
@@ -467,6 +470,9 @@ pub fn explain(p: &Pipeline) -> String {
     }
     if !ph.producer.is_empty() {
         s.push_str(&format!("  workers: {}\n", producer_name(&ph.producer)));
+    }
+    if let Some((_, why)) = crate::split::choose(p) {
+        ph.explain.push(why);
     }
     for t in &ph.tail {
         s.push_str(&format!("  {}\n", t.name()));
@@ -824,18 +830,38 @@ impl Run {
             Some(c) => (p.options.window / c.size).max(2),
             None => p.options.window,
         };
+        let contiguous = crate::split::choose(p).is_some_and(|(c, _)| c);
+        let counts =
+            match (contiguous, &p.source) {
+                (true, crate::plan::Source::Url { options, .. }) => Some(
+                    crate::split::record_counts(&ds, p.shard_index.as_deref(), options)?,
+                ),
+                (true, _) => Some(crate::split::record_counts(
+                    &ds,
+                    p.shard_index.as_deref(),
+                    &stoker_store::StoreOptions::default(),
+                )?),
+                (false, _) => None,
+            };
         let cfg = SourceConfig {
             shuffle_shards: p.shuffle_shards,
             cycle: p.cycle,
             rank: p.rank,
             seed: p.seed,
             columnar,
+            counts,
         };
         if let Some(s) = &state {
             if s.seed != p.seed || s.version != STATE_VERSION || s.stages.len() != ph.tail.len() {
                 return Err(Error::invalid(
                     "this state was not taken from a run of this pipeline (seed, version or \
                      stages differ)",
+                ));
+            }
+            if s.contiguous != contiguous {
+                return Err(Error::invalid(
+                    "this state was taken with the other rank split (contiguous against \
+                     interleaved): resume with the split it was taken with",
                 ));
             }
         }
@@ -922,6 +948,7 @@ impl Run {
             yielded: 0,
             samples_yielded: 0,
             cuts: vec![],
+            contiguous,
         });
 
         // Hand-offs carry chunks of up to CHUNK samples: one wake-up per chunk, not per
@@ -1082,6 +1109,7 @@ impl Run {
             yielded: self.yielded,
             samples_yielded: self.samples,
             cuts: table.cuts,
+            contiguous: self.start.contiguous,
         })
     }
 }

@@ -40,6 +40,7 @@ pub use stoker_core::rng;
 mod diskcache;
 mod source;
 pub mod spec;
+mod split;
 mod stats;
 
 pub use audio_ops::Rate;
@@ -49,7 +50,7 @@ pub use image_ops::Size;
 pub use ops::{Builtin, FnOp, OpContext, SampleOp};
 pub use pack::{Pack, PackRemainder};
 pub use plan::{
-    ErrorPolicy, FormatChoice, Op, Pipeline, RankPolicy, RankSplit, RunOptions, Source,
+    ErrorPolicy, FormatChoice, Op, Pipeline, RankPolicy, RankSplit, RunOptions, Source, SplitMode,
 };
 pub use source::{Pos, SourceCursor};
 pub use spec::PipelineSpec;

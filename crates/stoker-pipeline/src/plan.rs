@@ -76,6 +76,28 @@ pub enum RankPolicy {
     Pad,
 }
 
+/// How a rank's share is cut from a dataset of shards of many records (tar, TFRecord,
+/// Parquet, JSONL, CSV). One-sample-per-object formats always split the epoch's object order
+/// by index, so every rank reads only its own objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SplitMode {
+    /// `contiguous` when every shard's record count can be known before the run (the
+    /// format counts from metadata, as Parquet does from its footers, or a shard index is
+    /// given), otherwise `interleaved`.
+    #[default]
+    Auto,
+    /// The stream of all shards, interleaved, is dealt out one sample per rank in rounds:
+    /// exact and equal shares, but every rank reads every shard.
+    Interleaved,
+    /// Each rank takes a contiguous span of the epoch's records (the shards in the epoch's
+    /// order, concatenated): it reads only the shards in its span, about `1 / world` of the
+    /// data, and at most two of them in part. Needs every shard's record count (see
+    /// [`Pipeline::shard_index`]); a shard whose records differ from its count is an error
+    /// naming it.
+    Contiguous,
+}
+
 /// Data-parallel sharding: this process is `rank` of `world`, and within the rank's share,
 /// part `part` of `parts` (the rank's DataLoader workers).
 ///
@@ -96,6 +118,8 @@ pub struct RankSplit {
     pub part: u32,
     /// Number of parts the rank's share is dealt to (1: the whole share).
     pub parts: u32,
+    /// How the share is cut from sharded formats.
+    pub mode: SplitMode,
 }
 
 impl RankSplit {
@@ -222,6 +246,8 @@ pub struct Pipeline {
     pub(crate) cache_dir: Option<std::path::PathBuf>,
     pub(crate) cache_size: Option<u64>,
     pub(crate) rank: Option<RankSplit>,
+    pub(crate) split_mode: SplitMode,
+    pub(crate) shard_index: Option<String>,
     pub(crate) ops: Vec<Op>,
     pub(crate) epochs: Option<u64>,
     pub(crate) seed: u64,
@@ -240,6 +266,8 @@ impl Pipeline {
             cache_size: None,
             cycle: 1,
             rank: None,
+            split_mode: SplitMode::Auto,
+            shard_index: None,
             ops: Vec::new(),
             epochs: Some(1),
             seed: 0,
@@ -306,7 +334,27 @@ impl Pipeline {
             policy,
             part,
             parts: parts.max(1),
+            mode: self.split_mode,
         });
+        self
+    }
+
+    /// How a rank's share is cut from sharded formats (see [`SplitMode`]; default `Auto`).
+    pub fn split_mode(mut self, mode: SplitMode) -> Self {
+        self.split_mode = mode;
+        if let Some(r) = &mut self.rank {
+            r.mode = mode;
+        }
+        self
+    }
+
+    /// A JSON file (any store URL) giving each shard's record count, for the contiguous
+    /// rank split of formats that cannot count from metadata. Either
+    /// `{"shards": [{"url": ..., "records": N}, ...]}` or WebDataset's shard index
+    /// (`{"shardlist": [{"url": ..., "nsamples": N}, ...]}`); a relative `url` is relative
+    /// to the index's own directory. `stoker index` writes the first form.
+    pub fn shard_index(mut self, url: impl Into<String>) -> Self {
+        self.shard_index = Some(url.into());
         self
     }
 

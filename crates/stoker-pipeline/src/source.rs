@@ -39,6 +39,7 @@ use stoker_store::{FetchManyOptions, ListOptions, Store};
 use crate::ops::{OpContext, SampleOp};
 use crate::plan::{FormatChoice, RankPolicy, RankSplit, Source};
 use crate::rng::permutation;
+use crate::split::Piece;
 
 /// Where a sample came from: the shard's index in the dataset's (sorted) shard list and
 /// the record's index in the shard.
@@ -404,6 +405,8 @@ pub(crate) struct SourceConfig {
     pub seed: u64,
     /// Read columns and emit whole batches (only with `cycle` 1, no rank split).
     pub columnar: Option<Arc<Columnar>>,
+    /// Every shard's record count, when the rank split is contiguous (see `split`).
+    pub counts: Option<Arc<Vec<u64>>>,
 }
 
 const SHARD_ORDER: u64 = 0x0053_4841_5244;
@@ -605,7 +608,14 @@ pub(crate) fn run_source(
     } else if ds.per_object {
         run_per_object(ds, &order, &mut cursor, emit);
     } else {
-        run_shards(ds, cfg, &order, &mut cursor, emit);
+        let (pieces, contiguous) = match (&cfg.counts, &cfg.rank) {
+            (Some(counts), Some(r)) if r.splits() => (
+                crate::split::contiguous_pieces(&order, counts, r),
+                Some(counts.as_slice()),
+            ),
+            _ => (order.iter().map(|&s| Piece::whole(s)).collect(), None),
+        };
+        run_shards(ds, cfg, &pieces, contiguous, &mut cursor, emit);
     }
 }
 
@@ -705,31 +715,52 @@ fn run_per_object(
 
 struct Slot {
     order_index: u64,
+    /// Records of the shard consumed (from its start, not the piece's).
     consumed: u64,
+    /// Where its piece ends (`None`: the shard's end).
+    end: Option<u64>,
+    /// The piece ends at the shard's counted end: the shard must end there.
+    ends_shard: bool,
     rx: crossbeam_channel::Receiver<ReaderMsg>,
 }
 
+/// Reads `pieces` (shards, or parts of them, in the epoch's order), `cycle` at a time,
+/// taking samples from each in turn. `counts` is set for a contiguous rank split: the
+/// pieces are this rank part's span already, and each is checked against its count.
 fn run_shards(
     ds: &Arc<Dataset>,
     cfg: &SourceConfig,
-    order: &[u32],
+    pieces: &[Piece],
+    counts: Option<&[u64]>,
     cursor: &mut SourceCursor,
     emit: &mut dyn FnMut(Produced, &SourceCursor) -> bool,
 ) {
-    let open = |i: u64, skip: u64| Slot {
-        order_index: i,
-        consumed: skip,
-        rx: spawn_reader(ds, order[i as usize], skip),
+    let open = |i: u64, consumed: Option<u64>| {
+        let p = pieces[i as usize];
+        let consumed = consumed.unwrap_or(p.start);
+        Slot {
+            order_index: i,
+            consumed,
+            end: p.end,
+            // (A position past the end means the check was made and reported.)
+            ends_shard: counts.is_some_and(|c| p.end == Some(c[p.shard as usize]))
+                && p.end.is_some_and(|e| consumed <= e),
+            rx: spawn_reader(ds, p.shard, consumed),
+        }
     };
     let mut slots: Vec<Slot> = if cursor.slots.is_empty() && cursor.next == 0 {
-        let n = cfg.cycle.min(order.len()) as u64;
+        let n = cfg.cycle.min(pieces.len()) as u64;
         cursor.next = n;
-        (0..n).map(|i| open(i, 0)).collect()
+        (0..n).map(|i| open(i, None)).collect()
     } else {
-        cursor.slots.iter().map(|&(i, c)| open(i, c)).collect()
+        cursor
+            .slots
+            .iter()
+            .map(|&(i, c)| open(i, Some(c)))
+            .collect()
     };
     let (rank, world, policy, part, parts) = match cfg.rank {
-        Some(r) if r.splits() => (
+        Some(r) if r.splits() && counts.is_none() => (
             r.rank as u64,
             r.world as u64,
             r.policy,
@@ -770,8 +801,57 @@ fn run_shards(
             break;
         }
         let i = cursor.rr as usize % slots.len();
+        let shard = pieces[slots[i].order_index as usize].shard;
+        let counted = counts.map(|c| c[shard as usize]);
+        let at_end = slots[i].end.is_some_and(|e| slots[i].consumed >= e);
+        if at_end && !slots[i].ends_shard {
+            // The piece is read; the rest of the shard is another rank's (or part's).
+            slots.remove(i);
+            if (cursor.next as usize) < pieces.len() {
+                slots.insert(i, open(cursor.next, None));
+                cursor.next += 1;
+            }
+            cursor.rr = if slots.is_empty() {
+                0
+            } else {
+                (i % slots.len()) as u32
+            };
+            continue;
+        }
         let msg = slots[i].rx.recv().unwrap_or(ReaderMsg::End);
-        let shard = order[slots[i].order_index as usize];
+        // A count is a promise: a shard that ends before it, or goes on past it, is an
+        // error naming it (a stale index would shift every rank's span). Either is
+        // reported once: the slot's position moves past the check (a resume does not
+        // report it again).
+        if let (Some(n), true) = (counted, slots[i].ends_shard) {
+            let short = matches!(msg, ReaderMsg::End) && !at_end;
+            let long = !matches!(msg, ReaderMsg::End) && at_end;
+            if short || long {
+                let got = slots[i].consumed;
+                let url = ds.shards[shard as usize].url.clone();
+                let error = if short {
+                    slots[i].consumed = n;
+                    Error::record(format!(
+                        "the shard ended after {got} records, but its count is {n} (a stale \
+                         shard index? write it again with `stoker index`)"
+                    ))
+                } else {
+                    slots[i].consumed = n + 1;
+                    slots[i].ends_shard = false;
+                    Error::record(format!(
+                        "the shard has more records than its count of {n} (a stale shard \
+                         index? write it again with `stoker index`)"
+                    ))
+                }
+                .with_object(url)
+                .with_record(got);
+                let pos = Pos { shard, record: got };
+                if !emit_all(cursor, &slots, &mut std::iter::once(fail((pos, error)))) {
+                    return;
+                }
+                continue;
+            }
+        }
         match msg {
             ReaderMsg::Sample(sample) => {
                 let pos = Pos {
@@ -819,8 +899,8 @@ fn run_shards(
             }
             ReaderMsg::End => {
                 slots.remove(i);
-                if (cursor.next as usize) < order.len() {
-                    slots.insert(i, open(cursor.next, 0));
+                if (cursor.next as usize) < pieces.len() {
+                    slots.insert(i, open(cursor.next, None));
                     cursor.next += 1;
                 }
                 cursor.rr = if slots.is_empty() {

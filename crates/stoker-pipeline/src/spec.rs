@@ -17,6 +17,8 @@
 //! rank = 0
 //! world = 8
 //! policy = "drop"                    # or "pad"
+//! split = "auto"                     # or "interleaved", "contiguous" (sharded formats)
+//! shard_index = "s3://bucket/train/index.json"   # record counts (`stoker index` writes it)
 //!
 //! [[ops]]
 //! op = "decode_utf8"
@@ -53,7 +55,7 @@ use stoker_store::StoreOptions;
 
 use crate::ops::Builtin;
 use crate::pack::Pack;
-use crate::plan::{ErrorPolicy, FormatChoice, Pipeline, RankPolicy, RunOptions};
+use crate::plan::{ErrorPolicy, FormatChoice, Pipeline, RankPolicy, RunOptions, SplitMode};
 
 /// A pipeline spec (see the module docs).
 #[derive(Debug, Clone, Deserialize)]
@@ -134,6 +136,12 @@ pub struct RankSpec {
     /// `drop` or `pad`.
     #[serde(default)]
     pub policy: RankPolicy,
+    /// How sharded formats are split: `auto`, `interleaved` or `contiguous`.
+    #[serde(default)]
+    pub split: SplitMode,
+    /// A shard index giving every shard's record count (for the contiguous split).
+    #[serde(default)]
+    pub shard_index: Option<String>,
 }
 
 /// `[options]`.
@@ -404,7 +412,12 @@ impl PipelineSpec {
             p = p.glob(g.clone());
         }
         if let Some(r) = &self.rank {
-            p = p.shard_by_rank(r.rank, r.world, r.policy);
+            p = p
+                .split_mode(r.split)
+                .shard_by_rank(r.rank, r.world, r.policy);
+            if let Some(i) = &r.shard_index {
+                p = p.shard_index(i.clone());
+            }
         }
         p = self.apply_ops(p)?;
         let ro = self.options.run_options()?;

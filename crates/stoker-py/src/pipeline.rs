@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use stoker_core::{ByteSize, Collate, CollatePolicy, Error, Sample};
 use stoker_pipeline::spec::{OpSpec, OptionsSpec};
 use stoker_pipeline::{
-    ErrorPolicy, Pipeline, PipelineSpec, PipelineState, RankPolicy, RunOptions, SampleOp,
+    ErrorPolicy, Pipeline, PipelineSpec, PipelineState, RankPolicy, RunOptions, SampleOp, SplitMode,
 };
 use stoker_store::StoreOptions;
 
@@ -243,6 +243,27 @@ impl PyPipeline {
             }
         };
         Ok(self.with(|p| p.shard_by_rank_part(rank, world, policy, part, parts)))
+    }
+
+    /// How ranks split sharded formats: "auto", "interleaved" or "contiguous".
+    fn split_mode(&self, mode: &str) -> PyResult<Self> {
+        let mode = match mode {
+            "auto" => SplitMode::Auto,
+            "interleaved" => SplitMode::Interleaved,
+            "contiguous" => SplitMode::Contiguous,
+            other => {
+                return Err(invalid(format!(
+                    "split must be \"auto\", \"interleaved\" or \"contiguous\", not {other:?}"
+                )))
+            }
+        };
+        Ok(self.with(|p| p.split_mode(mode)))
+    }
+
+    /// A shard index (JSON at any store URL) with every shard's record count.
+    fn shard_index(&self, url: &str) -> Self {
+        let url = url.to_string();
+        self.with(|p| p.shard_index(url))
     }
 
     fn shuffle(&self, buffer: usize) -> PyResult<Self> {

@@ -27,6 +27,9 @@ pub enum Command {
     Demo(DemoArgs),
     /// Run a pipeline from a spec file (TOML) and report its throughput per stage.
     Run(RunArgs),
+    /// Count the records of every shard under a URL and write a shard index (JSON), for the
+    /// contiguous rank split of formats that cannot count from metadata.
+    Index(IndexArgs),
     /// Mount a bucket or prefix as a read-only file system (FUSE).
     Mount(MountArgs),
     /// Unmount a file system mounted with `stoker mount`.
@@ -195,6 +198,23 @@ pub struct RunArgs {
     /// Override the spec's worker threads.
     #[arg(long)]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct IndexArgs {
+    /// The shards: s3://bucket/prefix/ (every object under it), or one object.
+    pub url: String,
+    /// Their format: tar, tfrecord, parquet, jsonl, csv.
+    #[arg(long)]
+    pub format: String,
+    /// Only keys matching this glob (relative to the prefix).
+    #[arg(long)]
+    pub glob: Option<String>,
+    /// Write the index here instead of stdout (a local path).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
     #[command(flatten)]
     pub store: StoreArgs,
 }

@@ -81,6 +81,7 @@ fn main() -> std::process::ExitCode {
             args::Command::Bench(a) => bench::run(a).await,
             args::Command::Demo(a) => demo::run(a).await,
             args::Command::Run(a) => run::run(a).await,
+            args::Command::Index(a) => run::index(a).await,
             args::Command::Mount(a) => mount::mount(a).await,
             args::Command::Unmount(a) => mount::unmount(a).await,
         }

@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use stoker_pipeline::{PipelineSpec, Stats};
 
-use crate::args::RunArgs;
+use crate::args::{IndexArgs, RunArgs};
 
 /// What `--json` prints.
 #[derive(Debug, Serialize)]
@@ -206,6 +206,40 @@ fn print_summary(out: &mut impl Write, r: &RunReport, st: &Stats) -> std::io::Re
         for e in &r.skipped_errors {
             writeln!(out, "  {e}")?;
         }
+    }
+    Ok(())
+}
+
+/// `stoker index URL --format F`: every shard's record count, as a shard index.
+pub async fn index(a: IndexArgs) -> anyhow::Result<()> {
+    let spec: PipelineSpec = serde_json::from_value(serde_json::json!({
+        "source": a.url,
+        "format": a.format,
+        "glob": a.glob,
+    }))
+    .context("bad arguments")?;
+    let p = spec.build(a.store.options()?)?;
+    // Counting reads whole shards and blocks: off the async runtime.
+    let counts = tokio::task::spawn_blocking(move || p.count_records()).await??;
+    let total: u64 = counts.iter().map(|(_, n)| n).sum();
+    let index = serde_json::json!({
+        "shards": counts
+            .iter()
+            .map(|(url, n)| serde_json::json!({"url": url, "records": n}))
+            .collect::<Vec<_>>(),
+    });
+    let text = serde_json::to_string_pretty(&index)? + "\n";
+    match &a.output {
+        Some(path) => {
+            std::fs::write(path, &text)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            eprintln!(
+                "stoker: {} shards, {total} records: {}",
+                counts.len(),
+                path.display()
+            );
+        }
+        None => std::io::stdout().write_all(text.as_bytes())?,
     }
     Ok(())
 }

@@ -242,3 +242,82 @@ fn a_size_limited_disk_cache_reports_what_it_kept_and_what_it_could_not() {
         .sum();
     assert!(on_disk <= limit, "{on_disk} > {limit}");
 }
+
+#[test]
+fn stoker_index_counts_shards_and_its_index_splits_ranks_contiguously() {
+    let s = server();
+    let dir = tempfile::tempdir().unwrap();
+    for (glob, format, per_file) in [("*wds.tar", "tar", 8u64), ("*.tfrecord", "tfrecord", 4)] {
+        let path = dir.path().join(format!("{format}.json"));
+        let out = stoker(&s)
+            .args(["index", &format!("s3://{BUCKET}/fx/"), "--format", format])
+            .args(["--glob", glob, "--output"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let index: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let shards = index["shards"].as_array().unwrap();
+        assert_eq!(shards.len(), 3, "{index}");
+        for (i, e) in shards.iter().enumerate() {
+            assert_eq!(e["records"], per_file, "{index}");
+            assert!(e["url"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("s3://{BUCKET}/fx/{i}-")));
+        }
+        // The index on the server, used by two ranks.
+        s.put_object(
+            BUCKET,
+            &format!("idx/{format}.json"),
+            &std::fs::read(&path).unwrap(),
+        )
+        .unwrap();
+        let rank_spec = |rank: u32, index: bool| {
+            spec(
+                &dir,
+                &format!(
+                    "source = \"s3://{BUCKET}/fx/\"\nglob = \"{glob}\"\nformat = \"{format}\"\n\
+                     shuffle_shards = true\nseed = 4\n[rank]\nrank = {rank}\nworld = 2\n{}",
+                    if index {
+                        format!("shard_index = \"s3://{BUCKET}/idx/{format}.json\"\n")
+                    } else {
+                        String::new()
+                    }
+                ),
+            )
+        };
+        let explain = stoker(&s)
+            .arg("run")
+            .arg(rank_spec(0, true))
+            .arg("--explain")
+            .output()
+            .unwrap();
+        let explain = String::from_utf8_lossy(&explain.stdout).to_string();
+        assert!(explain.contains("rank split contiguous"), "{explain}");
+        for rank in 0..2 {
+            let r = run_json(&s, &rank_spec(rank, true), &[]);
+            assert_eq!(r["samples"], 3 * per_file / 2, "{format} rank {rank}: {r}");
+            let interleaved = run_json(&s, &rank_spec(rank, false), &[]);
+            assert_eq!(interleaved["samples"], 3 * per_file / 2);
+            assert!(
+                r["bytes_read"].as_u64() < interleaved["bytes_read"].as_u64(),
+                "{format} rank {rank}: contiguous read {} bytes, interleaved {}",
+                r["bytes_read"],
+                interleaved["bytes_read"]
+            );
+        }
+    }
+    // A format the index command does not know is named.
+    let out = stoker(&s)
+        .args(["index", &format!("s3://{BUCKET}/fx/"), "--format", "zip"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("zip"));
+}
