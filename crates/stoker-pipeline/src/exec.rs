@@ -380,8 +380,8 @@ enum ReadPath {
 }
 
 /// The columnar path (see `source`) when it gives exactly what the row path gives: a
-/// format that decodes columns, the shards read one at a time (no interleave, no rank
-/// split, no sample cache), and a `batch` first, with at most `rename`/`select`/`drop`
+/// format that decodes columns, the shards read one at a time (no interleave, no
+/// interleaved rank split, no sample cache), and a `batch` first, with at most `rename`/`select`/`drop`
 /// before it (they only move names). Anything else that works per sample before the batch
 /// (a map, a filter, a shuffle buffer, take/skip) needs the samples: the row path.
 fn read_path(p: &Pipeline, ph: &Physical) -> ReadPath {
@@ -398,8 +398,10 @@ fn read_path(p: &Pipeline, ph: &Physical) -> ReadPath {
             "interleave = {} takes rows from {} shards in turn",
             p.cycle, p.cycle
         ))
-    } else if p.rank.is_some_and(|r| r.splits()) {
-        Some("the rank split deals rows out one round at a time".into())
+    } else if p.rank.is_some_and(|r| r.splits())
+        && !crate::split::choose(p).is_some_and(|(contiguous, _)| contiguous)
+    {
+        Some("the interleaved rank split deals rows out one round at a time".into())
     } else if p.cache {
         Some("cache keeps parsed samples".into())
     } else if let Some((_, op)) = ph.producer.iter().find(|(_, op)| {

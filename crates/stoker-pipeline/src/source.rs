@@ -603,19 +603,19 @@ pub(crate) fn run_source(
     emit: &mut dyn FnMut(Produced, &SourceCursor) -> bool,
 ) {
     let order = epoch_order(ds, cfg, epoch);
-    if let Some(c) = &cfg.columnar {
-        run_columnar(ds, c, &order, &mut cursor, emit);
-    } else if ds.per_object {
-        run_per_object(ds, &order, &mut cursor, emit);
-    } else {
-        let (pieces, contiguous) = match (&cfg.counts, &cfg.rank) {
-            (Some(counts), Some(r)) if r.splits() => (
-                crate::split::contiguous_pieces(&order, counts, r),
-                Some(counts.as_slice()),
-            ),
-            _ => (order.iter().map(|&s| Piece::whole(s)).collect(), None),
-        };
-        run_shards(ds, cfg, &pieces, contiguous, &mut cursor, emit);
+    if ds.per_object {
+        return run_per_object(ds, &order, &mut cursor, emit);
+    }
+    let (pieces, counts) = match (&cfg.counts, &cfg.rank) {
+        (Some(counts), Some(r)) if r.splits() => (
+            crate::split::contiguous_pieces(&order, counts, r),
+            Some(counts.as_slice()),
+        ),
+        _ => (order.iter().map(|&s| Piece::whole(s)).collect(), None),
+    };
+    match &cfg.columnar {
+        Some(c) => run_columnar(ds, c, &pieces, counts, &mut cursor, emit),
+        None => run_shards(ds, cfg, &pieces, counts, &mut cursor, emit),
     }
 }
 
@@ -1080,23 +1080,33 @@ const SHARDS_AHEAD: usize = 3;
 
 /// The columnar path (see the module docs): one shard at a time, rows cut into batches of
 /// `col.size` across shard boundaries.
+/// The columnar path over `pieces` (see [`run_shards`] for `counts`).
 fn run_columnar(
     ds: &Arc<Dataset>,
     col: &Columnar,
-    order: &[u32],
+    pieces: &[Piece],
+    counts: Option<&[u64]>,
     cursor: &mut SourceCursor,
     emit: &mut dyn FnMut(Produced, &SourceCursor) -> bool,
 ) {
     struct Open {
         order_index: u64,
         consumed: u64,
+        /// The last chunk went past the piece's counted end.
+        overflow: bool,
         rx: ColumnShard,
     }
-    let open = |i: u64, skip: u64| Open {
-        order_index: i,
-        consumed: skip,
-        rx: spawn_column_reader(ds, order[i as usize], skip),
+    let order = pieces;
+    let open = |i: u64, skip: u64| {
+        let skip = skip.max(pieces[i as usize].start);
+        Open {
+            order_index: i,
+            consumed: skip,
+            overflow: false,
+            rx: spawn_column_reader(ds, pieces[i as usize].shard, skip),
+        }
     };
+    let url = |shard: u32| ds.shards[shard as usize].url.clone();
     // The next shards are opened ahead (their footers and first row groups fetched while
     // this one is cut into batches); the cursor counts only the shard being consumed.
     let mut ahead: std::collections::VecDeque<Open> = std::collections::VecDeque::new();
@@ -1135,8 +1145,60 @@ fn run_columnar(
         hold: None,
     };
     while let Some(s) = slot.as_mut() {
-        let shard = order[s.order_index as usize];
-        match s.rx.recv() {
+        let piece = pieces[s.order_index as usize];
+        let shard = piece.shard;
+        let counted = counts.map(|c| c[shard as usize]);
+        // The piece ends where the shard's count does, and that has not been checked yet
+        // (a position past the end means it was, and reported: see `run_shards`).
+        let ends_shard =
+            counted.is_some() && piece.end == counted && piece.end.is_some_and(|e| s.consumed <= e);
+        let at_end = piece.end.is_some_and(|e| s.consumed >= e);
+        let msg = if at_end && !ends_shard {
+            // The piece is read; the rest of the shard is another rank's (or part's).
+            ColumnMsg::End
+        } else if at_end && s.overflow {
+            // Rows past the count came with the last chunk (the error is made below).
+            ColumnMsg::Err(Error::record("rows past the count"))
+        } else {
+            s.rx.recv()
+        };
+        let msg = match (msg, counted, piece.end) {
+            // Counts are promises, checked as in `run_shards`.
+            (ColumnMsg::End, Some(n), Some(e)) if ends_shard && !at_end => {
+                let got = s.consumed;
+                s.consumed = e;
+                ColumnMsg::Err(
+                    Error::record(format!(
+                        "the shard ended after {got} records, but its count is {n} (a stale \
+                         shard index? write it again with `stoker index`)"
+                    ))
+                    .with_object(url(shard))
+                    .with_record(got),
+                )
+            }
+            (ColumnMsg::Rows(_) | ColumnMsg::Err(_), Some(n), Some(_)) if ends_shard && at_end => {
+                let got = s.consumed;
+                s.consumed = n + 1;
+                s.overflow = false;
+                // Counted as the one record it reports, so the position moves past it.
+                s.consumed -= 1;
+                ColumnMsg::Err(
+                    Error::record(format!(
+                        "the shard has more records than its count of {n} (a stale shard \
+                         index? write it again with `stoker index`)"
+                    ))
+                    .with_object(url(shard))
+                    .with_record(got),
+                )
+            }
+            (ColumnMsg::Rows(mut c), _, Some(e)) if s.consumed + c.len() as u64 > e => {
+                // Only the piece's rows; with the shard's count, what follows is an error.
+                s.overflow = ends_shard;
+                ColumnMsg::Rows(c.take_front((e - s.consumed) as usize))
+            }
+            (m, _, _) => m,
+        };
+        match msg {
             ColumnMsg::Rows(c) => {
                 let n = c.len();
                 let mut c = match restructure(c, &col.ops) {

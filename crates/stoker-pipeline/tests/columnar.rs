@@ -291,11 +291,23 @@ fn explain_names_the_path_and_why() {
         ),
         ("", String::new(), "there is no batch"),
         (
-            "[rank]\nrank = 0\nworld = 2\n",
+            "[rank]\nrank = 0\nworld = 2\nsplit = \"interleaved\"\n",
             batch(8, false, "auto"),
-            "rank split",
+            "interleaved rank split",
         ),
     ];
+    // The contiguous split (Parquet's default) keeps the columnar path.
+    let e = pipeline(
+        "rows",
+        &format!("[rank]\nrank = 0\nworld = 2\n{}", batch(8, false, "auto")),
+        "",
+        true,
+    )
+    .explain();
+    assert!(
+        e.contains("source (columnar") && e.contains("rank split contiguous"),
+        "{e}"
+    );
     for (head, ops, reason) in why {
         let e = pipeline("rows", &format!("{head}{ops}"), "", true).explain();
         assert!(

@@ -280,3 +280,138 @@ fn parquet_counts_from_its_footers_and_splits_contiguously_by_itself() {
     rows.dedup();
     assert_eq!(rows.len(), n, "a row read by two ranks");
 }
+
+/// The Parquet fixtures at `split-pq/` (see the test above), as a spec with extra lines.
+fn parquet(extra: &str, rank_lines: &str, columnar: bool) -> Pipeline {
+    let s = server();
+    for f in ["a", "b", "c", "d"] {
+        let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/fixtures/columnar/rows/{f}.parquet"));
+        s.put_object(
+            BUCKET,
+            &format!("split-pq/{f}.parquet"),
+            &std::fs::read(p).unwrap(),
+        )
+        .unwrap();
+    }
+    let text = format!(
+        "source = \"s3://{BUCKET}/split-pq/\"\nformat = \"parquet\"\nshuffle_shards = true\n\
+         seed = 3\n{extra}\n[rank]\n{rank_lines}\n[options]\nthreads = 2\ncolumnar = {columnar}\n"
+    );
+    let spec: stoker_pipeline::PipelineSpec = toml::from_str(&text).unwrap();
+    spec.build(store_options()).unwrap()
+}
+
+fn batches(p: &Pipeline) -> Vec<Result<String, String>> {
+    p.run()
+        .unwrap()
+        .map(|i| i.map(|i| format!("{i:?}")).map_err(|e| e.to_string()))
+        .collect()
+}
+
+#[test]
+fn parquet_ranks_read_columns_straight_into_batches() {
+    let batch = "[[ops]]\nop = \"batch\"\nsize = 7\n";
+    let mut lens = Vec::new();
+    for rank in 0..3 {
+        let lines = format!("rank = {rank}\nworld = 3\n");
+        let col = parquet(batch, &lines, true);
+        assert!(
+            col.explain().contains("source (columnar"),
+            "{}",
+            col.explain()
+        );
+        let rows = parquet(batch, &lines, false);
+        let (a, b) = (batches(&col), batches(&rows));
+        assert_eq!(
+            a, b,
+            "rank {rank}: the columnar path differs from the row path"
+        );
+        lens.push(a.len());
+        // Resume at every batch.
+        for k in 0..a.len() {
+            let mut run = col.run().unwrap();
+            for _ in 0..k {
+                run.next().unwrap().unwrap();
+            }
+            let state = run.state().unwrap();
+            drop(run);
+            let rest: Vec<String> = col
+                .resume(&state)
+                .unwrap()
+                .map(|i| format!("{:?}", i.unwrap()))
+                .collect();
+            let want: Vec<String> = a[k..].iter().map(|r| r.clone().unwrap()).collect();
+            assert_eq!(rest, want, "rank {rank} resumed after {k}");
+        }
+    }
+    assert!(lens.windows(2).all(|w| w[0] == w[1]), "{lens:?}");
+}
+
+#[test]
+fn a_stale_index_fails_the_columnar_path_as_the_row_path() {
+    // A shard index overrides the footers: a.parquet counted one too many, then one too
+    // few. The index lives in another directory; its names are relative to it.
+    let _ = parquet("", "rank = 0\nworld = 1\n", true);
+    let rows_of = |f: &str| -> u64 {
+        let text =
+            format!("source = \"s3://{BUCKET}/split-pq/{f}.parquet\"\nformat = \"parquet\"\n");
+        let spec: stoker_pipeline::PipelineSpec = toml::from_str(&text).unwrap();
+        spec.build(store_options()).unwrap().run().unwrap().count() as u64
+    };
+    let counts: Vec<u64> = ["a", "b", "c", "d"].iter().map(|f| rows_of(f)).collect();
+    for delta in [1i64, -1] {
+        let mut c = counts.clone();
+        c[0] = (c[0] as i64 + delta) as u64;
+        let shards: Vec<serde_json::Value> = ["a", "b", "c", "d"]
+            .iter()
+            .zip(&c)
+            .map(|(f, n)| {
+                serde_json::json!({"url": format!("../split-pq/{f}.parquet"), "records": n})
+            })
+            .collect();
+        server()
+            .put_object(
+                BUCKET,
+                "split-pq-index/i.json",
+                serde_json::json!({ "shards": shards })
+                    .to_string()
+                    .as_bytes(),
+            )
+            .unwrap();
+        let want = if delta > 0 {
+            "ended after"
+        } else {
+            "more records than its count"
+        };
+        // Whichever rank's span holds the end of a.parquet reports it; both paths alike.
+        let mut reported = 0;
+        for rank in 0..2 {
+            let mut outcomes = Vec::new();
+            for columnar in [true, false] {
+                let p = parquet(
+                    "[[ops]]\nop = \"batch\"\nsize = 5\n",
+                    &format!(
+                        "rank = {rank}\nworld = 2\npolicy = \"pad\"\n\
+                         shard_index = \"s3://{BUCKET}/split-pq-index/i.json\""
+                    ),
+                    columnar,
+                );
+                let got = batches(&p);
+                if let Some(err) = got.iter().find_map(|r| r.as_ref().err()) {
+                    assert!(err.contains(want) && err.contains("a.parquet"), "{err}");
+                    reported += 1;
+                }
+                outcomes.push(got);
+            }
+            assert_eq!(
+                outcomes[0], outcomes[1],
+                "delta {delta} rank {rank}: paths differ"
+            );
+        }
+        assert_eq!(
+            reported, 2,
+            "delta {delta}: one rank on each path reports it"
+        );
+    }
+}
