@@ -403,3 +403,30 @@ fn stats_count_the_parallel_stage_per_operator() {
     assert_eq!((a.items_in, a.items_out, a.dropped), (100, 80, 20));
     assert!(a.busy_s > 0.0);
 }
+
+#[test]
+fn the_autotuner_counts_the_work_of_a_parallel_stage() {
+    // Every worker's work is after the shuffle buffer, and the consumer is slow: the
+    // workers are mostly idle, and the tuner (which once looked only at the operators
+    // before the tail) takes some away.
+    let mut probe = Probe::new("cheap");
+    probe.nap_us = 1;
+    let mut run = memory(2000)
+        .shuffle(8)
+        .map(probe)
+        .options(RunOptions::default().with_threads(4))
+        .run()
+        .unwrap();
+    for item in run.by_ref().take(400) {
+        item.unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let st = run.stats();
+    assert!(
+        st.autotune
+            .iter()
+            .any(|(_, n, why)| *n < 4 && why.contains("only")),
+        "{:?}",
+        st.autotune
+    );
+}
