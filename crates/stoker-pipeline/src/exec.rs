@@ -520,16 +520,22 @@ pub fn explain(p: &Pipeline) -> String {
             .rev()
             .find(|t| !matches!(t, TailOp::Map(..)))
             .map_or_else(String::new, TailOp::name);
-        ph.explain.push(format!(
-            "{} after {after} runs on the workers too, several items at once, while the \
+        ph.explain.push(
+            format!(
+                "{} after {after} runs on the workers too, several items at once, while the \
              stages before it go on; its results go on {}",
-            producer_name(ops),
-            if p.options.deterministic {
-                "in the order its items came (deterministic)"
-            } else {
-                "as they finish (deterministic = false)"
-            }
-        ));
+                producer_name(ops),
+                if p.options.deterministic {
+                    "in the order its items came (deterministic)"
+                } else {
+                    "as they finish (deterministic = false)"
+                }
+            ) + &format!(
+                "; while it costs less than handing an item over (under {} us an item, measured), \
+             it runs on the tail thread instead",
+                INLINE_NS / 1000
+            ),
+        );
         k += ops.len();
     }
     s.push_str(&format!("  prefetch({})\n", ph.prefetch));
@@ -1026,7 +1032,7 @@ impl Run {
         let (par_tx, par_rx) = unbounded::<ParWork>();
         let (par_done_tx, par_done_rx) = unbounded::<ParDone>();
         let tail_offset = if ph.producer.is_empty() { 1 } else { 2 };
-        let par_ops = par_runs(&ph.tail)
+        let par_ops: Vec<Option<Arc<ParOps>>> = par_runs(&ph.tail)
             .into_iter()
             .enumerate()
             .map(|(j, run)| {
@@ -1042,6 +1048,7 @@ impl Run {
                 })
             })
             .collect();
+        let has_par = par_ops.iter().any(Option::is_some);
         let producer = Arc::new(ph.producer.clone());
         let mut handles = Vec::new();
         let map_stage = (!ph.producer.is_empty()).then(|| shared.stats.stage(1));
@@ -1050,7 +1057,7 @@ impl Run {
         for w in 0..threads {
             let rx = work_rx.clone();
             let tx = done_tx.clone();
-            let par = (par_rx.clone(), par_done_tx.clone());
+            let par = has_par.then(|| (par_rx.clone(), par_done_tx.clone()));
             let producer = producer.clone();
             let shared = shared.clone();
             let stage = map_stage.clone();
@@ -1308,10 +1315,31 @@ struct ParOps {
     ops: Vec<(usize, Arc<dyn SampleOp>)>,
     /// Each operator's statistics (its tail stage's).
     counters: Vec<Arc<StageCounters>>,
-    /// The workers' running average of nanoseconds per item through all of `ops` (0 until
-    /// measured): sizes hand-offs and the number of items in flight.
+    /// The running average of nanoseconds per item through all of `ops` (0 until
+    /// measured), on the workers or the tail: sizes hand-offs and the number of items in
+    /// flight, and decides where the stage runs ([`INLINE_NS`]).
     cost_ns: AtomicU64,
 }
+
+impl ParOps {
+    /// `n` items took `took`.
+    fn note_cost(&self, took: Duration, n: u64) {
+        if let Some(cost) = (took.as_nanos() as u64).checked_div(n) {
+            let cost = cost.max(1);
+            let old = self.cost_ns.load(Ordering::Relaxed);
+            let new = if old == 0 { cost } else { (old * 3 + cost) / 4 };
+            self.cost_ns.store(new, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A parallel stage whose operators cost less than this per item (measured) runs on the
+/// tail thread instead, item by item as the tail ran maps before: handing an item to a
+/// worker and back (its mark, the hand-off, the reordering) costs the tail about as much,
+/// so a cheaper operator (a native filter on a sample, a column-wise operator on a small
+/// batch) is faster where the item already is. It goes back to the workers when the cost
+/// rises above twice this.
+const INLINE_NS: u64 = 5_000;
 
 /// Items for a parallel map stage: tail stage `stage`, in the order they entered it, each
 /// numbered and with its mark so far.
@@ -1343,7 +1371,15 @@ enum Work {
     Closed,
 }
 
-fn next_work(rx: &Receiver<(u64, Vec<Produced>)>, par: &Receiver<ParWork>) -> Work {
+/// (`par`: `None` when the plan has no parallel stage after the tail.)
+fn next_work(rx: &Receiver<(u64, Vec<Produced>)>, par: Option<&Receiver<ParWork>>) -> Work {
+    let Some(par) = par else {
+        return match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((e, c)) => Work::Source(e, c),
+            Err(RecvTimeoutError::Timeout) => Work::Idle,
+            Err(RecvTimeoutError::Disconnected) => Work::Closed,
+        };
+    };
     match par.try_recv() {
         Ok(w) => return Work::Par(w),
         Err(crossbeam_channel::TryRecvError::Disconnected) => return Work::Closed,
@@ -1367,7 +1403,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 fn worker(
     index: usize,
     (rx, tx): (Receiver<(u64, Vec<Produced>)>, Sender<Done>),
-    (par_rx, par_tx): (Receiver<ParWork>, Sender<ParDone>),
+    par: Option<(Receiver<ParWork>, Sender<ParDone>)>,
     producer: &[(usize, Arc<dyn SampleOp>)],
     shared: &Shared,
     (stage, collating): (Option<Arc<StageCounters>>, Option<Arc<StageCounters>>),
@@ -1383,13 +1419,14 @@ fn worker(
             std::thread::sleep(Duration::from_millis(2));
         }
         let t0 = Instant::now();
-        let (epoch, chunk) = match next_work(&rx, &par_rx) {
+        let (epoch, chunk) = match next_work(&rx, par.as_ref().map(|(r, _)| r)) {
             Work::Source(epoch, chunk) => (epoch, chunk),
             Work::Par(work) => {
                 if let Some(s) = &stage {
                     s.add(&s.wait_ns, t0.elapsed().as_nanos() as u64);
                 }
-                if par_tx.send(run_par(work, seed, ds)).is_err() {
+                let done = run_par(work, seed, ds);
+                if par.as_ref().is_none_or(|(_, tx)| tx.send(done).is_err()) {
                     return;
                 }
                 continue;
@@ -1534,32 +1571,36 @@ fn run_par(work: ParWork, seed: u64, ds: &Dataset) -> ParDone {
     let n = items.len() as u64;
     let results = items
         .into_iter()
-        .map(|(t, flow, up)| {
-            let pos = flow.key().pos();
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                apply_par(flow, &run, seed, epoch, ds)
-            }))
-            .unwrap_or_else(|p| {
-                Err(locate(
-                    ds,
-                    Error::operator(format!(
-                        "panicked: {} ({})",
-                        panic_message(&p),
-                        producer_name(&run.ops)
-                    )),
-                    pos,
-                ))
-            });
-            (t, r, up)
-        })
+        .map(|(t, flow, up)| (t, run_par_one(flow, &run, seed, epoch, ds), up))
         .collect();
-    if let Some(cost) = (t0.elapsed().as_nanos() as u64).checked_div(n) {
-        let cost = cost.max(1);
-        let old = run.cost_ns.load(Ordering::Relaxed);
-        let new = if old == 0 { cost } else { (old * 3 + cost) / 4 };
-        run.cost_ns.store(new, Ordering::Relaxed);
-    }
+    run.note_cost(t0.elapsed(), n);
     ParDone { stage, results }
+}
+
+/// One item through a parallel stage's operators where it is (a panic in an operator is
+/// its error).
+fn run_par_one(
+    flow: Flow,
+    run: &ParOps,
+    seed: u64,
+    epoch: u64,
+    ds: &Dataset,
+) -> Result<Option<Flow>, Error> {
+    let pos = flow.key().pos();
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        apply_par(flow, run, seed, epoch, ds)
+    }))
+    .unwrap_or_else(|p| {
+        Err(locate(
+            ds,
+            Error::operator(format!(
+                "panicked: {} ({})",
+                panic_message(&p),
+                producer_name(&run.ops)
+            )),
+            pos,
+        ))
+    })
 }
 
 /// One item through a parallel stage's operators: a sample through each one's `apply`, a
@@ -1711,6 +1752,8 @@ struct ParStage {
     unsent: Vec<(u64, Flow, Box<Upstream>)>,
     /// Results waiting for their turn.
     finished: BTreeMap<u64, Finished>,
+    /// Running on the tail thread for now (a cheap stage, see [`INLINE_NS`]).
+    inline: bool,
 }
 
 impl ParStage {
@@ -1722,6 +1765,7 @@ impl ParStage {
             outstanding: 0,
             unsent: Vec::new(),
             finished: BTreeMap::new(),
+            inline: false,
         }
     }
 
@@ -1782,6 +1826,8 @@ struct TailRun<'a> {
     /// While the result of a parallel stage goes on through the stages after it: its mark
     /// as of the stages before (see [`Upstream`]).
     upstream: Option<Box<Upstream>>,
+    /// Whether the plan has a parallel stage (else the tail waits on the workers alone).
+    has_par: bool,
 }
 
 impl TailCtx {
@@ -1819,6 +1865,7 @@ impl TailCtx {
                 par_tx: &par_tx,
                 par_rx: &par_rx,
                 upstream: None,
+                has_par: self.par_ops.iter().any(Option::is_some),
             };
             let got = match run.init_stages(restored) {
                 Ok((s, got)) => {
@@ -2372,7 +2419,14 @@ impl TailRun<'_> {
                 self.send_all_par();
                 self.flush_out();
             }
-            let msg = crossbeam_channel::select! {
+            let msg = if !self.has_par {
+                match done_rx.recv_timeout(Duration::from_millis(100)) {
+                    Ok(m) => m,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                crossbeam_channel::select! {
                 recv(done_rx) -> m => match m {
                     Ok(m) => m,
                     Err(_) => return,
@@ -2385,6 +2439,7 @@ impl TailRun<'_> {
                     Err(_) => return,
                 },
                 default(Duration::from_millis(100)) => continue,
+                }
             };
             match msg {
                 Done::SourceEnd { next_seq } => end = Some(next_seq),
@@ -2492,6 +2547,23 @@ impl TailRun<'_> {
     /// it goes to the workers with the next chunk. With the stage full, waits for its
     /// next result and passes that on first.
     fn enter_par(&mut self, i: usize, item: Flow) {
+        let p = self.par(i);
+        let cost = p.run.cost_ns.load(Ordering::Relaxed);
+        if p.inline && cost > 2 * INLINE_NS {
+            p.inline = false;
+        } else if !p.inline && cost != 0 && cost < INLINE_NS {
+            p.inline = true;
+        }
+        if p.inline {
+            // What the workers have of it goes on first.
+            while !self.failed && self.par(i).outstanding > 0 {
+                self.await_par(i);
+            }
+            if !self.failed {
+                self.run_inline(i, item);
+            }
+            return;
+        }
         let len = self.ctx.par_ops[i].as_ref().map_or(1, |r| r.ops.len());
         let up = Box::new(self.snapshot(i + len));
         let p = self.par(i);
@@ -2505,6 +2577,20 @@ impl TailRun<'_> {
         let cap = self.par_cap(chunk);
         while !self.failed && self.par(i).outstanding >= cap {
             self.await_par(i);
+        }
+    }
+
+    /// `item` through the parallel stage `i` on this thread (a cheap stage, see
+    /// [`INLINE_NS`]), and on: its mark is the stages' now, as for any tail stage.
+    fn run_inline(&mut self, i: usize, item: Flow) {
+        let run = self.par(i).run.clone();
+        let t0 = Instant::now();
+        let r = run_par_one(item, &run, self.ctx.seed, self.epoch, &self.ctx.ds);
+        run.note_cost(t0.elapsed(), 1);
+        match r {
+            Ok(Some(flow)) => self.push(i + run.ops.len(), flow),
+            Ok(None) => {}
+            Err(e) => self.error(e),
         }
     }
 

@@ -28,7 +28,8 @@ fn big() -> Pipeline {
 }
 
 /// A filter that keeps everything (a filter stays after a shuffle buffer), and on batches
-/// keeps them too: each a parallel stage after the sequential one before it.
+/// keeps them too: each a parallel stage after the sequential one before it (slow enough,
+/// 200 us a call, to stay on the workers).
 #[derive(Debug)]
 struct KeepAll;
 
@@ -37,9 +38,11 @@ impl SampleOp for KeepAll {
         OpMeta::new("keep_all").filter()
     }
     fn apply(&self, s: Sample, _: &mut OpContext) -> Result<Option<Sample>, Error> {
+        std::thread::sleep(Duration::from_micros(200));
         Ok(Some(s))
     }
     fn apply_batch(&self, b: Batch, _: &mut OpContext) -> Option<Result<Option<Batch>, Error>> {
+        std::thread::sleep(Duration::from_micros(200));
         Some(Ok(Some(b)))
     }
 }

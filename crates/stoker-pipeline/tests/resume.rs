@@ -5,9 +5,12 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use stoker_core::{OpMeta, Value};
+use std::time::Duration;
+
+use stoker_core::{Batch, Error, OpMeta, Sample, Value};
 use stoker_pipeline::{
-    Builtin, FnOp, Item, ItemPos, Pipeline, PipelineState, RankPolicy, RunOptions, StageState,
+    Builtin, FnOp, Item, ItemPos, OpContext, Pipeline, PipelineState, RankPolicy, RunOptions,
+    SampleOp, StageState,
 };
 
 #[derive(Debug, Clone)]
@@ -70,7 +73,7 @@ fn build(s: &Shape) -> Pipeline {
         p = p.shuffle(b);
     }
     if s.tail_maps {
-        p = p.map(thin());
+        p = p.map(Slow(thin()));
     }
     if let Some(n) = s.skip {
         p = p.skip(n);
@@ -78,7 +81,7 @@ fn build(s: &Shape) -> Pipeline {
     if let Some((n, drop_last)) = s.batch {
         p = p.batch(n, drop_last);
         if s.tail_maps {
-            p = p.map(clip_r2());
+            p = p.map(Slow(clip_r2()));
         }
         if let Some(b) = s.batch_buffer {
             p = p.shuffle(b);
@@ -92,6 +95,26 @@ fn build(s: &Shape) -> Pipeline {
             .with_threads(s.threads)
             .with_window(16),
     )
+}
+
+/// `op`, slowed down (a sleep of 20 us a call), so that it costs more than handing it to
+/// a worker: a parallel stage of it stays on the workers (a cheaper one, such as `clip`
+/// after the batch and `random_int` after the unbatch above, runs on the tail thread).
+#[derive(Debug)]
+struct Slow<T>(T);
+
+impl<T: SampleOp> SampleOp for Slow<T> {
+    fn meta(&self) -> OpMeta {
+        self.0.meta()
+    }
+    fn apply(&self, s: Sample, cx: &mut OpContext) -> Result<Option<Sample>, Error> {
+        std::thread::sleep(Duration::from_micros(20));
+        self.0.apply(s, cx)
+    }
+    fn apply_batch(&self, b: Batch, cx: &mut OpContext) -> Option<Result<Option<Batch>, Error>> {
+        std::thread::sleep(Duration::from_micros(20));
+        self.0.apply_batch(b, cx)
+    }
 }
 
 /// A filter (so it stays after a shuffle buffer) that drops about one sample in 7 and
@@ -463,9 +486,9 @@ fn maps_after_a_shuffle_and_after_a_batch_resume_exactly_from_every_item() {
             .shuffle_shards(true)
             .map(random_int("r"))
             .shuffle(7)
-            .map(thin())
+            .map(Slow(thin()))
             .batch(3, false)
-            .map(clip_r2())
+            .map(Slow(clip_r2()))
             .shuffle(4)
             .epochs(Some(2))
             .seed(21);
@@ -482,7 +505,7 @@ fn a_filter_between_two_shuffle_buffers_resumes_exactly() {
         let p = memory(60)
             .map(random_int("r"))
             .shuffle(5)
-            .map(thin())
+            .map(Slow(thin()))
             .shuffle(6)
             .take(40)
             .epochs(Some(2))

@@ -433,3 +433,62 @@ fn the_autotuner_counts_the_work_of_a_parallel_stage() {
     }
     assert!(fewer(&run), "{:?}", run.stats().autotune);
 }
+
+/// A filter that notes the thread each call ran on, cheap (a few microseconds) for `x`
+/// below `costly_from` and 300 us from there on.
+#[derive(Debug)]
+struct Where {
+    costly_from: i64,
+    calls: Arc<std::sync::Mutex<Vec<(i64, String)>>>,
+    overlap: Arc<Overlap>,
+}
+
+impl SampleOp for Where {
+    fn meta(&self) -> OpMeta {
+        OpMeta::new("where").filter()
+    }
+    fn apply(&self, mut s: Sample, _: &mut OpContext) -> Result<Option<Sample>, Error> {
+        let x = s.get("x").and_then(Value::as_int).expect("x");
+        let thread = std::thread::current().name().unwrap_or("").to_string();
+        self.calls.lock().unwrap().push((x, thread));
+        if x >= self.costly_from {
+            let _inside = self.overlap.enter();
+            std::thread::sleep(Duration::from_micros(300));
+        }
+        s.insert("y", 3 * x);
+        Ok(Some(s))
+    }
+}
+
+#[test]
+fn a_cheap_stage_runs_on_the_tail_thread_and_a_costly_one_on_the_workers() {
+    let run = |threads: usize| {
+        let w = Where {
+            costly_from: 150,
+            calls: Arc::default(),
+            overlap: Arc::default(),
+        };
+        let (calls, overlap) = (w.calls.clone(), w.overlap.clone());
+        let p = memory(400).shuffle(4).map(w).seed(3).options(opts(threads));
+        let got = items(&p);
+        let calls = calls.lock().unwrap().clone();
+        (got, calls, overlap.most())
+    };
+    let (one, _, _) = run(1);
+    let (three, calls, most) = run(3);
+    // The same items in the same order across the switches.
+    assert_eq!(one, three);
+    assert_eq!(calls.len(), 400);
+    let on_tail = |xs: std::ops::Range<i64>| {
+        calls
+            .iter()
+            .filter(|(x, t)| xs.contains(x) && t == "stoker-tail")
+            .count()
+    };
+    // Cheap: once measured, the samples are not handed to the workers (a hand-off costs
+    // more than the work); most of the first 100 ran where they were.
+    assert!(on_tail(0..100) >= 50, "{calls:?}");
+    // Costly: on the workers, several at once.
+    assert_eq!(on_tail(200..400), 0, "{calls:?}");
+    assert!(most >= 2, "{most} calls at once");
+}
