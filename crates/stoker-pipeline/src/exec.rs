@@ -1322,12 +1322,22 @@ struct ParOps {
 }
 
 impl ParOps {
-    /// `n` items took `took`.
+    /// `n` items took `took`. The average rises by at most 1.75x a measurement (a
+    /// measurement counts at most 4x the average), so one call that the scheduler held up
+    /// does not move a cheap stage to the workers, while a cost that really rose still
+    /// does within a few items; it falls halfway to each lower measurement, so a first
+    /// call that was slow (cold) is soon forgotten.
     fn note_cost(&self, took: Duration, n: u64) {
         if let Some(cost) = (took.as_nanos() as u64).checked_div(n) {
             let cost = cost.max(1);
             let old = self.cost_ns.load(Ordering::Relaxed);
-            let new = if old == 0 { cost } else { (old * 3 + cost) / 4 };
+            let new = if old == 0 {
+                cost
+            } else if cost < old {
+                (old + cost) / 2
+            } else {
+                (old * 3 + cost.min(old.saturating_mul(4))) / 4
+            };
             self.cost_ns.store(new, Ordering::Relaxed);
         }
     }
