@@ -13,11 +13,25 @@ float32 tensor: the same pipeline without a Python stage, with a trivial functio
 processes (`processes=1` and `--threads`). Prints samples/s and microseconds per sample of
 each, and the overhead per sample over the pipeline without the function. Workers start
 before timing (one warm-up run's first items), so the figures are the steady state.
+
+With ``--placement`` it measures instead a function that costs about ``--work-ms`` of work
+per item (``sleep``: GIL-free, as NumPy on large arrays or I/O; ``spin``: a Python loop
+holding the GIL) placed after a sequential stage: per sample after ``shuffle(64)``, and per
+batch after ``batch(--batch)`` (``map_batches``), on the engine's threads and in
+``--threads`` worker processes, ``--items`` items each (the median of ``--reps`` runs):
+
+    .venv/bin/python bench/pymap.py --placement [--items 1000] [--work-ms 1] [--threads 4]
+
+It prints items/s and the speedup over calling the function once per item in a row
+(``1000 / work-ms`` items/s). A build whose engine cannot run a stage there prints the
+error instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import statistics
 import time
 
 import numpy as np
@@ -27,6 +41,47 @@ import stoker
 
 def identity(sample):
     return sample
+
+
+def sleep_ms(item, ms):
+    """GIL-free work: the thread sleeps (as NumPy on large arrays or I/O lets others run)."""
+    time.sleep(ms / 1000)
+    return item
+
+
+def spin_ms(item, ms):
+    """GIL-holding work: a Python loop for ``ms``."""
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        pass
+    return item
+
+
+def placement(args: argparse.Namespace) -> None:
+    n, b, ms, t = args.items, args.batch, args.work_ms, args.threads
+    samples = [{"i": i, "x": np.zeros(16, dtype=np.float32)} for i in range(n * b)]
+    base = stoker.from_samples(samples).options(threads=t)
+    after = {
+        "after shuffle(64), per sample": lambda fn, **kw: base.take(n).shuffle(64).map(fn, **kw),
+        f"after batch({b}), per batch": lambda fn, **kw: base.batch(b).map(fn, **kw),
+    }
+    modes = {"threads": {"workers": "threads"}, f"processes={t}": {"processes": t}}
+    serial = 1000 / ms
+    print(f"{n} items, {ms} ms of work each, threads={t}; one call at a time: {serial:,.0f} items/s")
+    for where, make in after.items():
+        for kind, work in (("sleep (GIL-free)", sleep_ms), ("spin (holds the GIL)", spin_ms)):
+            for mode, kw in modes.items():
+                fn = functools.partial(work, ms=ms)
+                try:
+                    rates = [timed(make(fn, **kw)) for _ in range(args.reps)]
+                except Exception as e:  # noqa: BLE001 - an engine that cannot: say why
+                    print(f"  {where:<30} {kind:<21} {mode:<12} error: {str(e).splitlines()[0][:90]}")
+                    continue
+                rate = statistics.median(rates)
+                print(
+                    f"  {where:<30} {kind:<21} {mode:<12} {rate:>8,.0f} items/s  "
+                    f"x{rate / serial:.2f}  (runs: {', '.join(f'{r:,.0f}' for r in rates)})"
+                )
 
 
 def timed(p: stoker.Pipeline) -> float:
@@ -42,7 +97,15 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=20000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--payload", type=int, default=0, help="bytes of tensor per sample")
+    ap.add_argument("--placement", action="store_true", help="a costly function after shuffle and batch")
+    ap.add_argument("--items", type=int, default=1000)
+    ap.add_argument("--work-ms", type=float, default=1.0)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
+    if args.placement:
+        placement(args)
+        return
 
     tensor = np.zeros(args.payload // 4, dtype=np.float32)
     samples = [{"i": i, "txt": f"sample {i}", "x": tensor} for i in range(args.samples)]

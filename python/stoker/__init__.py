@@ -119,7 +119,11 @@ class Pipeline:
         ``numpy.random.Generator`` seeded for this sample by the pipeline (its seed, the
         epoch, the sample's origin, the operator): random augmentations written with it
         repeat exactly under any parallelism, in threads or processes, and after a resume.
-        See docs/python.md.
+
+        After :meth:`batch`, the function gets the whole batch (a dict of columns: stacked
+        tensors as NumPy arrays, the rest lists) and returns one with as many rows, or
+        ``None`` to drop it (see :meth:`map_batches`). Placed after a shuffle buffer or a
+        batch, it still runs in parallel, results in order. See docs/python.md.
         """
         if callable(op):
             return self._python_op(op, False, **params)
@@ -238,6 +242,33 @@ class Pipeline:
             fields = [(str(k), str(v)) for k, v in collate.items() if k != "*"]
             default = str(collate.get("*", "auto"))
         return self._then(self._p.batch(size, drop_last, default, float(pad_value), fields), "batch", size, drop_last, collate, pad_value)
+
+    def map_batches(
+        self,
+        fn: Callable[..., dict[str, Any] | None],
+        batch_size: int,
+        *,
+        drop_last: bool = False,
+        collate: str | Mapping[str, str] = "auto",
+        pad_value: float = 0.0,
+        workers: str = "processes",
+        processes: int | None = None,
+        seeded: bool = False,
+    ) -> Pipeline:
+        """A Python function on batches: exactly ``.batch(batch_size, drop_last, collate,
+        pad_value).map(fn, workers=workers, processes=processes, seeded=seeded)``.
+
+        ``fn(batch: dict) -> dict | None`` gets the batch as the iterator would yield it
+        (stacked tensors, ints and floats as read-only NumPy arrays with a leading batch
+        axis, no copy; bytes, strings and ragged values as lists) and returns a dict of
+        columns with as many rows (arrays whose first axis is the batch size, or lists of
+        that length), or ``None`` to drop the batch. It runs in parallel like any map (on
+        the engine's threads, or in ``processes`` worker processes through shared memory),
+        results in order. See docs/python.md, "Python functions on batches".
+        """
+        return self.batch(batch_size, drop_last=drop_last, collate=collate, pad_value=pad_value).map(
+            fn, workers=workers, processes=processes, seeded=seeded
+        )
 
     def unbatch(self) -> Pipeline:
         """Splits batches back into samples."""

@@ -306,6 +306,15 @@ impl Batch {
         })
     }
 
+    /// A batch of `len` samples with no columns yet, to add with [`Batch::insert`] (an
+    /// operator that makes a batch's columns anew, such as a Python function on batches).
+    pub fn with_rows(len: usize) -> Batch {
+        Batch {
+            len,
+            fields: Vec::new(),
+        }
+    }
+
     /// Number of samples.
     pub fn len(&self) -> usize {
         self.len

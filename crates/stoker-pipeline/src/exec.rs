@@ -4,14 +4,29 @@
 //! ```text
 //! source thread ──work queue──▶ N workers (fused per-sample ops) ──▶ reorder ──▶ tail thread
 //!   (fetch/parse,                 (CPU pool, autotuned)              (by seq)    (shuffle, batch,
-//!    cursor history)                                                             take/skip; marks)
-//!                                                                      ──output queue──▶ consumer
+//!    cursor history)                    ▲                                        take/skip; marks)
+//!                                       └──── maps after a tail stage ◀──────────┘  │
+//!                                             (same workers, reordered by the tail) ▼
+//!                                                                   ──output queue──▶ consumer
 //! ```
 //!
 //! **Order.** The source numbers what it emits (`seq`); workers finish in any order; the
 //! tail takes results strictly by `seq` (unless the run is not deterministic), so the
 //! output does not depend on the number of workers or their timing. Every random choice is
 //! a pure function of (seed, epoch, position), see [`crate::rng`].
+//!
+//! **Maps after a tail stage.** The sequential stages (shuffle, batch, unbatch, pack,
+//! take, skip) run on the tail thread; a run of consecutive maps and filters between or
+//! after them (a Python function after a shuffle buffer, column-wise operators or a Python
+//! function on batches) is a [`ParStage`]: the tail numbers the items entering it and
+//! hands them to the same workers in chunks (the workers take such work before the
+//! source's, being nearer the consumer), and passes the results on to the next stage in
+//! that order (as they finish when the run is not deterministic). Meanwhile the stages
+//! before it go on, so each item takes along its mark as of those stages ([`Upstream`]),
+//! and the stages after it complete the mark: a checkpoint is exactly the one a single
+//! thread running every stage would have taken. A parallel stage holds a bounded number of
+//! items ([`TailRun::par_cap`]); when it is full the tail waits for its next result, so
+//! it stops taking from the source and the window and the budget hold the source back.
 //!
 //! **The columnar path.** For a format that decodes columns (Parquet) with a `batch` first
 //! (at most `rename`/`select`/`drop` before it) and one shard at a time, the source cuts
@@ -24,7 +39,7 @@
 //! samples ahead of the tail: a slow consumer stops the whole pipeline, it never grows it.
 //!
 //! **Resume.** Each item handed to the consumer carries a mark: the epoch, the last `seq`
-//! the tail had taken in, the position of the shuffle buffer's undo log, and the small
+//! the tail had taken in, the position of each shuffle buffer's undo log, and the small
 //! state of the other tail stages (a partial batch's positions, take/skip counters). The
 //! source keeps the cursor it had after each `seq` until the consumer is past it, and the
 //! shuffle stage keeps an undo log of its moves. So [`Run::state`] can give the state as of
@@ -337,6 +352,24 @@ fn optimize(ops: &[Op]) -> Physical {
     }
 }
 
+/// The runs of consecutive map/filter operators in the tail, each at the tail stage it
+/// starts at: each run is one parallel stage on the workers (see [`ParStage`]).
+#[allow(clippy::type_complexity)]
+fn par_runs(tail: &[TailOp]) -> Vec<Option<Vec<(usize, Arc<dyn SampleOp>)>>> {
+    let mut out: Vec<Option<Vec<(usize, Arc<dyn SampleOp>)>>> = vec![None; tail.len()];
+    let mut start = None;
+    for (j, t) in tail.iter().enumerate() {
+        match t {
+            TailOp::Map(i, op) => {
+                let s = *start.get_or_insert(j);
+                out[s].get_or_insert_with(Vec::new).push((*i, op.clone()));
+            }
+            _ => start = None,
+        }
+    }
+    out
+}
+
 /// Replaces runs of adjacent operators that have a fused kernel (a decode then a random
 /// resized crop of the same field, with the flip and float conversion after it) by it. The
 /// fused operator draws from the same generators as the operators it replaces (see
@@ -476,8 +509,42 @@ pub fn explain(p: &Pipeline) -> String {
     if let Some((_, why)) = crate::split::choose(p) {
         ph.explain.push(why);
     }
-    for t in &ph.tail {
-        s.push_str(&format!("  {}\n", t.name()));
+    let runs = par_runs(&ph.tail);
+    let mut k = 0;
+    while k < ph.tail.len() {
+        let Some(ops) = &runs[k] else {
+            s.push_str(&format!("  {}\n", ph.tail[k].name()));
+            k += 1;
+            continue;
+        };
+        let order = if p.options.deterministic {
+            "in order"
+        } else {
+            "as they finish"
+        };
+        s.push_str(&format!("  workers: {} ({order})\n", producer_name(ops)));
+        let after = ph.tail[..k]
+            .iter()
+            .rev()
+            .find(|t| !matches!(t, TailOp::Map(..)))
+            .map_or_else(String::new, TailOp::name);
+        ph.explain.push(
+            format!(
+                "{} after {after} runs on the workers too, several items at once, while the \
+             stages before it go on; its results go on {}",
+                producer_name(ops),
+                if p.options.deterministic {
+                    "in the order its items came (deterministic)"
+                } else {
+                    "as they finish (deterministic = false)"
+                }
+            ) + &format!(
+                "; while it costs less than handing an item over (under {} us an item, measured), \
+             it runs on the tail thread instead",
+                INLINE_NS / 1000
+            ),
+        );
+        k += ops.len();
     }
     s.push_str(&format!("  prefetch({})\n", ph.prefetch));
     for r in &ph.explain {
@@ -625,15 +692,22 @@ fn decode_cuts(cuts: &[Vec<ItemPos>]) -> Result<Vec<Arc<[Key]>>, Error> {
     Ok(out)
 }
 
-/// The shuffle buffers' contents (as keys) and one undo log of their moves, shared with the
-/// consumer side. Indexed by tail stage.
+/// The shuffle buffers' contents (as keys) and an undo log of each one's moves, shared with
+/// the consumer side. Indexed by tail stage.
+///
+/// Each buffer has its own log and its own count of moves, so a mark names a position in
+/// every log: with a parallel map stage between two shuffle buffers, the upstream buffer
+/// moves on while items the downstream one has not yet seen are on the workers, and a
+/// checkpoint rewinds each buffer to where it was when the consumer's item passed it.
 #[derive(Debug, Default)]
 struct ShuffleMirror {
     bufs: Vec<Vec<Key>>,
     emitted: Vec<u64>,
-    log: VecDeque<(usize, ShufMove)>,
-    base: u64,
-    keep_from: u64,
+    logs: Vec<VecDeque<ShufMove>>,
+    /// Moves pruned from the front of each log.
+    base: Vec<u64>,
+    /// Each log's moves before this count may be pruned (the consumer is past them).
+    keep_from: Vec<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -649,50 +723,57 @@ impl ShuffleMirror {
         ShuffleMirror {
             bufs: vec![Vec::new(); stages],
             emitted: vec![0; stages],
-            ..ShuffleMirror::default()
+            logs: vec![VecDeque::new(); stages],
+            base: vec![0; stages],
+            keep_from: vec![0; stages],
         }
     }
-    fn ops(&self) -> u64 {
-        self.base + self.log.len() as u64
+    /// Moves made so far by stage `stage`.
+    fn ops_of(&self, stage: usize) -> u64 {
+        self.base[stage] + self.logs[stage].len() as u64
     }
     fn record(&mut self, stage: usize, m: ShufMove) {
-        while self.base < self.keep_from && !self.log.is_empty() {
-            self.log.pop_front();
-            self.base += 1;
+        let log = &mut self.logs[stage];
+        while self.base[stage] < self.keep_from[stage] && !log.is_empty() {
+            log.pop_front();
+            self.base[stage] += 1;
         }
-        self.log.push_back((stage, m));
+        log.push_back(m);
     }
-    /// Every buffer and pick count as they were after `ops` moves.
+    /// Every buffer and pick count as they were after `ops[i]` moves of stage `i`.
     #[allow(clippy::type_complexity)]
-    fn rewound(&self, ops: u64) -> Result<(Vec<Vec<Key>>, Vec<u64>), Error> {
-        if ops < self.base {
-            return Err(Error::invalid(
-                "checkpoint too old: the undo log was pruned",
-            ));
-        }
+    fn rewound(&self, ops: &[u64]) -> Result<(Vec<Vec<Key>>, Vec<u64>), Error> {
         let mut bufs = self.bufs.clone();
         let mut emitted = self.emitted.clone();
-        for (i, m) in self.log.iter().skip((ops - self.base) as usize).rev() {
-            let (buf, emitted) = (&mut bufs[*i], &mut emitted[*i]);
-            match m {
-                ShufMove::Push => {
-                    buf.pop();
-                }
-                ShufMove::Replace { slot, out } => {
-                    buf[*slot] = out.clone();
-                    *emitted -= 1;
-                }
-                ShufMove::Remove { slot, out } => {
-                    if *slot == buf.len() {
-                        buf.push(out.clone());
-                    } else {
-                        let moved = buf[*slot].clone();
-                        buf.push(moved);
-                        buf[*slot] = out.clone();
+        for (i, log) in self.logs.iter().enumerate() {
+            let ops = ops.get(i).copied().unwrap_or(0);
+            if ops < self.base[i] {
+                return Err(Error::invalid(
+                    "checkpoint too old: the undo log was pruned",
+                ));
+            }
+            let (buf, emitted) = (&mut bufs[i], &mut emitted[i]);
+            for m in log.iter().skip((ops - self.base[i]) as usize).rev() {
+                match m {
+                    ShufMove::Push => {
+                        buf.pop();
                     }
-                    *emitted -= 1;
+                    ShufMove::Replace { slot, out } => {
+                        buf[*slot] = out.clone();
+                        *emitted -= 1;
+                    }
+                    ShufMove::Remove { slot, out } => {
+                        if *slot == buf.len() {
+                            buf.push(out.clone());
+                        } else {
+                            let moved = buf[*slot].clone();
+                            buf.push(moved);
+                            buf[*slot] = out.clone();
+                        }
+                        *emitted -= 1;
+                    }
+                    ShufMove::EpochStart { emitted: e } => *emitted = *e,
                 }
-                ShufMove::EpochStart { emitted: e } => *emitted = *e,
             }
         }
         Ok((bufs, emitted))
@@ -716,9 +797,26 @@ struct Mark {
     broken: Option<String>,
     epoch: u64,
     last_seq: Option<u64>,
-    shuffle_ops: u64,
+    /// Each shuffle stage's moves (see [`ShuffleMirror`]).
+    shuffle_ops: Vec<u64>,
     stages: Vec<StageMark>,
     yielded_in_epoch: u64,
+}
+
+/// The part of a mark that tail stages `0..upto` make: taken when an item enters a
+/// parallel map stage (the stages before it have moved on by the time its result comes
+/// back), carried with the item to the workers and back, and completed by the stages after
+/// it. An item at the end of the tail gets the whole mark this way, exactly as if every
+/// stage had run on one thread.
+#[derive(Debug, Clone, Default)]
+struct Upstream {
+    upto: usize,
+    broken: Option<String>,
+    last_seq: Option<u64>,
+    /// Per tail stage; entries from `upto` on are not yet meaningful.
+    shuffle_ops: Vec<u64>,
+    /// Stages `0..upto`.
+    stages: Vec<StageMark>,
 }
 
 enum OutMsg {
@@ -958,6 +1056,28 @@ impl Run {
         let (work_tx, work_rx) = bounded::<(u64, Vec<Produced>)>((window / CHUNK).max(2));
         let (done_tx, done_rx) = unbounded::<Done>();
         let (out_tx, out_rx) = bounded::<Vec<OutMsg>>(ph.prefetch);
+        // Work for the parallel stages after the tail's sequential ones, and its results.
+        // Unbounded: the tail bounds what it hands out (`TailRun::par_cap`).
+        let (par_tx, par_rx) = unbounded::<ParWork>();
+        let (par_done_tx, par_done_rx) = unbounded::<ParDone>();
+        let tail_offset = if ph.producer.is_empty() { 1 } else { 2 };
+        let par_ops: Vec<Option<Arc<ParOps>>> = par_runs(&ph.tail)
+            .into_iter()
+            .enumerate()
+            .map(|(j, run)| {
+                run.map(|ops| {
+                    let counters = (j..j + ops.len())
+                        .map(|k| shared.stats.stage(tail_offset + k))
+                        .collect();
+                    Arc::new(ParOps {
+                        ops,
+                        counters,
+                        cost_ns: AtomicU64::new(0),
+                    })
+                })
+            })
+            .collect();
+        let has_par = par_ops.iter().any(Option::is_some);
         let producer = Arc::new(ph.producer.clone());
         let mut handles = Vec::new();
         let map_stage = (!ph.producer.is_empty()).then(|| shared.stats.stage(1));
@@ -966,6 +1086,7 @@ impl Run {
         for w in 0..threads {
             let rx = work_rx.clone();
             let tx = done_tx.clone();
+            let par = has_par.then(|| (par_rx.clone(), par_done_tx.clone()));
             let producer = producer.clone();
             let shared = shared.clone();
             let stage = map_stage.clone();
@@ -977,12 +1098,12 @@ impl Run {
                     .name(format!("stoker-cpu-{w}"))
                     .spawn(move || {
                         let stages = (stage, collating);
-                        worker(w, rx, tx, &producer, &shared, stages, seed, &ds)
+                        worker(w, (rx, tx), par, &producer, &shared, stages, seed, &ds)
                     })
                     .expect("spawn worker"),
             );
         }
-        drop(work_rx);
+        drop((work_rx, par_rx, par_done_tx));
         let tail_ctx = TailCtx {
             ds: ds.clone(),
             budget: budget.clone(),
@@ -998,12 +1119,15 @@ impl Run {
             threads,
             autotune: p.options.autotune,
             state: state.clone(),
-            tail_offset: if ph.producer.is_empty() { 1 } else { 2 },
+            tail_offset,
+            par_ops,
         };
         handles.push(
             std::thread::Builder::new()
                 .name("stoker-tail".into())
-                .spawn(move || tail_ctx.run(work_tx, done_tx, done_rx, out_tx))
+                .spawn(move || {
+                    tail_ctx.run(work_tx, done_tx, done_rx, out_tx, (par_tx, par_done_rx))
+                })
                 .expect("spawn tail"),
         );
         Ok(Run {
@@ -1073,7 +1197,7 @@ impl Run {
                 .unwrap_or_default(),
         };
         let shuffled = if m.stages.iter().any(|s| matches!(s, StageMark::Shuffle)) {
-            Some(self.shared.shuffle.lock().rewound(m.shuffle_ops)?)
+            Some(self.shared.shuffle.lock().rewound(&m.shuffle_ops)?)
         } else {
             None
         };
@@ -1153,7 +1277,11 @@ impl Iterator for Run {
                         h.pop_front();
                     }
                 }
-                self.shared.shuffle.lock().keep_from = mark.shuffle_ops;
+                self.shared
+                    .shuffle
+                    .lock()
+                    .keep_from
+                    .clone_from(&mark.shuffle_ops);
                 self.last = Some(mark);
                 Some(Ok(item))
             }
@@ -1210,6 +1338,100 @@ enum Done {
     Fatal(Error),
 }
 
+/// A run of consecutive map/filter operators after a sequential tail stage, run by the
+/// workers (see [`ParStage`]); shared by every epoch's stage.
+struct ParOps {
+    /// The operators, with their places in the plan.
+    ops: Vec<(usize, Arc<dyn SampleOp>)>,
+    /// Each operator's statistics (its tail stage's).
+    counters: Vec<Arc<StageCounters>>,
+    /// The running average of nanoseconds per item through all of `ops` (0 until
+    /// measured), on the workers or the tail: sizes hand-offs and the number of items in
+    /// flight, and decides where the stage runs ([`INLINE_NS`]).
+    cost_ns: AtomicU64,
+}
+
+impl ParOps {
+    /// `n` items took `took`. The average rises by at most 1.75x a measurement (a
+    /// measurement counts at most 4x the average), so one call that the scheduler held up
+    /// does not move a cheap stage to the workers, while a cost that really rose still
+    /// does within a few items; it falls halfway to each lower measurement, so a first
+    /// call that was slow (cold) is soon forgotten.
+    fn note_cost(&self, took: Duration, n: u64) {
+        if let Some(cost) = (took.as_nanos() as u64).checked_div(n) {
+            let cost = cost.max(1);
+            let old = self.cost_ns.load(Ordering::Relaxed);
+            let new = if old == 0 {
+                cost
+            } else if cost < old {
+                (old + cost) / 2
+            } else {
+                (old * 3 + cost.min(old.saturating_mul(4))) / 4
+            };
+            self.cost_ns.store(new, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A parallel stage whose operators cost less than this per item (measured) runs on the
+/// tail thread instead, item by item as the tail ran maps before: handing an item to a
+/// worker and back (its mark, the hand-off, the reordering) costs the tail about as much,
+/// so a cheaper operator (a native filter on a sample, a column-wise operator on a small
+/// batch) is faster where the item already is. It goes back to the workers when the cost
+/// rises above twice this.
+const INLINE_NS: u64 = 5_000;
+
+/// Items for a parallel map stage: tail stage `stage`, in the order they entered it, each
+/// numbered and with its mark so far.
+struct ParWork {
+    stage: usize,
+    epoch: u64,
+    run: Arc<ParOps>,
+    items: Vec<(u64, Flow, Box<Upstream>)>,
+}
+
+/// What a worker made of a [`ParWork`]: each item's result with its number and its mark.
+struct ParDone {
+    stage: usize,
+    results: Vec<ParResult>,
+}
+
+type ParResult = (u64, Result<Option<Flow>, Error>, Box<Upstream>);
+
+/// A parallel stage's result for one item, with the item's mark so far.
+type Finished = (Result<Option<Flow>, Error>, Box<Upstream>);
+
+/// What a worker takes next: work for a parallel stage after the tail's sequential stages
+/// first (it is nearer the consumer, and the tail may be waiting for it), else the
+/// source's samples.
+enum Work {
+    Source(u64, Vec<Produced>),
+    Par(ParWork),
+    Idle,
+    Closed,
+}
+
+/// (`par`: `None` when the plan has no parallel stage after the tail.)
+fn next_work(rx: &Receiver<(u64, Vec<Produced>)>, par: Option<&Receiver<ParWork>>) -> Work {
+    let Some(par) = par else {
+        return match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((e, c)) => Work::Source(e, c),
+            Err(RecvTimeoutError::Timeout) => Work::Idle,
+            Err(RecvTimeoutError::Disconnected) => Work::Closed,
+        };
+    };
+    match par.try_recv() {
+        Ok(w) => return Work::Par(w),
+        Err(crossbeam_channel::TryRecvError::Disconnected) => return Work::Closed,
+        Err(crossbeam_channel::TryRecvError::Empty) => {}
+    }
+    crossbeam_channel::select! {
+        recv(par) -> m => m.map_or(Work::Closed, Work::Par),
+        recv(rx) -> m => m.map_or(Work::Closed, |(e, c)| Work::Source(e, c)),
+        default(Duration::from_millis(50)) => Work::Idle,
+    }
+}
+
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -1220,8 +1442,8 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 #[allow(clippy::too_many_arguments)]
 fn worker(
     index: usize,
-    rx: Receiver<(u64, Vec<Produced>)>,
-    tx: Sender<Done>,
+    (rx, tx): (Receiver<(u64, Vec<Produced>)>, Sender<Done>),
+    par: Option<(Receiver<ParWork>, Sender<ParDone>)>,
     producer: &[(usize, Arc<dyn SampleOp>)],
     shared: &Shared,
     (stage, collating): (Option<Arc<StageCounters>>, Option<Arc<StageCounters>>),
@@ -1237,15 +1459,25 @@ fn worker(
             std::thread::sleep(Duration::from_millis(2));
         }
         let t0 = Instant::now();
-        let (epoch, chunk) = match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok(m) => m,
-            Err(RecvTimeoutError::Timeout) => {
+        let (epoch, chunk) = match next_work(&rx, par.as_ref().map(|(r, _)| r)) {
+            Work::Source(epoch, chunk) => (epoch, chunk),
+            Work::Par(work) => {
+                if let Some(s) = &stage {
+                    s.add(&s.wait_ns, t0.elapsed().as_nanos() as u64);
+                }
+                let done = run_par(work, seed, ds);
+                if par.as_ref().is_none_or(|(_, tx)| tx.send(done).is_err()) {
+                    return;
+                }
+                continue;
+            }
+            Work::Idle => {
                 if let Some(s) = &stage {
                     s.add(&s.wait_ns, t0.elapsed().as_nanos() as u64);
                 }
                 continue;
             }
-            Err(RecvTimeoutError::Disconnected) => return,
+            Work::Closed => return,
         };
         let t1 = Instant::now();
         if let Some(s) = &stage {
@@ -1366,6 +1598,139 @@ fn apply_producer(
     Ok(Some(el))
 }
 
+/// A parallel stage's items through its operators, on a worker (a panic in an operator is
+/// that item's error).
+fn run_par(work: ParWork, seed: u64, ds: &Dataset) -> ParDone {
+    let ParWork {
+        stage,
+        epoch,
+        run,
+        items,
+    } = work;
+    let t0 = Instant::now();
+    let n = items.len() as u64;
+    let results = items
+        .into_iter()
+        .map(|(t, flow, up)| (t, run_par_one(flow, &run, seed, epoch, ds), up))
+        .collect();
+    run.note_cost(t0.elapsed(), n);
+    ParDone { stage, results }
+}
+
+/// One item through a parallel stage's operators where it is (a panic in an operator is
+/// its error).
+fn run_par_one(
+    flow: Flow,
+    run: &ParOps,
+    seed: u64,
+    epoch: u64,
+    ds: &Dataset,
+) -> Result<Option<Flow>, Error> {
+    let pos = flow.key().pos();
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        apply_par(flow, run, seed, epoch, ds)
+    }))
+    .unwrap_or_else(|p| {
+        Err(locate(
+            ds,
+            Error::operator(format!(
+                "panicked: {} ({})",
+                panic_message(&p),
+                producer_name(&run.ops)
+            )),
+            pos,
+        ))
+    })
+}
+
+/// One item through a parallel stage's operators: a sample through each one's `apply`, a
+/// batch through each one's `apply_batch` (column-wise), with the same contexts, errors
+/// and checks as the operators before the tail (and as the tail ran them before).
+fn apply_par(
+    flow: Flow,
+    run: &ParOps,
+    seed: u64,
+    epoch: u64,
+    ds: &Dataset,
+) -> Result<Option<Flow>, Error> {
+    match flow {
+        Flow::Elem(mut el, cut) => {
+            for ((i, op), c) in run.ops.iter().zip(&run.counters) {
+                c.add(&c.items_in, 1);
+                let t0 = Instant::now();
+                let mut cx = OpContext::new(seed, epoch, el.pos.shard, el.pos.record, *i);
+                let r = op.apply(el.sample, &mut cx);
+                c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
+                let locate = |e: Error| locate(ds, e.with_stage(op.meta().name), el.pos);
+                match r.map_err(locate)? {
+                    Some(s) => {
+                        el.sample = s;
+                        c.add(&c.items_out, 1);
+                    }
+                    None => {
+                        if !op.meta().filters {
+                            return Err(locate(Error::invalid(
+                                "the operator dropped a sample but does not declare itself a \
+                                 filter (OpMeta::filter)",
+                            )));
+                        }
+                        c.add(&c.dropped, 1);
+                        return Ok(None);
+                    }
+                }
+            }
+            Ok(Some(Flow::Elem(el, cut)))
+        }
+        Flow::Batch(mut b, members, hold) => {
+            let first = Key::Batch(members.clone()).pos();
+            let rows = b.len();
+            for ((i, op), c) in run.ops.iter().zip(&run.counters) {
+                c.add(&c.items_in, 1);
+                let t0 = Instant::now();
+                let mut cx = OpContext::new(seed, epoch, first.shard, first.record, *i);
+                let r = op.apply_batch(b, &mut cx);
+                c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
+                let locate = |e: Error| locate_batch(ds, e.with_stage(op.meta().name), first, rows);
+                match r {
+                    None => {
+                        return Err(Error::invalid(format!(
+                            "{} is a per-sample operator but receives batches (put it before \
+                             batch)",
+                            op.meta().name
+                        ))
+                        .with_stage(op.meta().name))
+                    }
+                    Some(Err(e)) => return Err(locate(e)),
+                    Some(Ok(None)) => {
+                        if !op.meta().filters {
+                            return Err(locate(Error::invalid(
+                                "the operator dropped a batch but does not declare itself a \
+                                 filter (OpMeta::filter)",
+                            )));
+                        }
+                        c.add(&c.dropped, 1);
+                        return Ok(None);
+                    }
+                    Some(Ok(Some(out))) => {
+                        // Positions (resume, unbatch) name the batch's samples one to one.
+                        if out.len() != rows {
+                            return Err(locate(Error::operator(format!(
+                                "returned a batch of {} rows for a batch of {rows}: an \
+                                 operator on batches keeps the rows (filter samples before \
+                                 the batch)",
+                                out.len()
+                            ))));
+                        }
+                        b = out;
+                        c.add(&c.items_out, 1);
+                    }
+                }
+            }
+            Ok(Some(Flow::Batch(b, members, hold)))
+        }
+    }
+}
+
 /// What the tail passes between its stages: a sample (with the batch it was cut from,
 /// after an unbatch), or a batch (with its samples' keys).
 enum Flow {
@@ -1383,7 +1748,10 @@ impl Flow {
 }
 
 enum Stage {
-    Map(usize, Arc<dyn SampleOp>),
+    /// The first of a run of maps and filters, run on the workers (see [`ParStage`]).
+    Par(Box<ParStage>),
+    /// A later map of that run: it never sees an item itself.
+    Fused,
     Shuffle {
         size: usize,
         buf: Vec<Flow>,
@@ -1405,6 +1773,64 @@ enum Stage {
     Skip(u64, u64),
 }
 
+/// A run of consecutive maps and filters after a sequential tail stage, run in parallel by
+/// the workers. The tail hands it items (numbered as they enter, each with its mark so far,
+/// [`Upstream`]) in chunks sized by the measured cost per item, and passes its results on
+/// to the stage after the run in the order the items entered (deterministic runs) or as
+/// they finish. At most [`TailRun::par_cap`] items are in it (on the workers, or finished
+/// and waiting for their turn); at that many the tail waits for the next result instead of
+/// reading on, so the budget's backpressure reaches the source.
+struct ParStage {
+    run: Arc<ParOps>,
+    /// Number the next item entering gets.
+    next_in: u64,
+    /// Number of the next item to pass on (deterministic runs).
+    next_out: u64,
+    /// Items in it: handed to the workers or not yet, finished or not.
+    outstanding: usize,
+    /// Items not yet handed to the workers (a chunk being filled).
+    unsent: Vec<(u64, Flow, Box<Upstream>)>,
+    /// Results waiting for their turn.
+    finished: BTreeMap<u64, Finished>,
+    /// Running on the tail thread for now (a cheap stage, see [`INLINE_NS`]).
+    inline: bool,
+}
+
+impl ParStage {
+    fn new(run: Arc<ParOps>) -> ParStage {
+        ParStage {
+            run,
+            next_in: 0,
+            next_out: 0,
+            outstanding: 0,
+            unsent: Vec::new(),
+            finished: BTreeMap::new(),
+            inline: false,
+        }
+    }
+
+    /// Items per hand-off: one until the cost is measured (a slow function on batches
+    /// should not start with several on one worker), then about 1 ms of work.
+    fn chunk(&self) -> usize {
+        match self.run.cost_ns.load(Ordering::Relaxed) {
+            0 => 1,
+            c => chunk_cap(c),
+        }
+    }
+
+    /// The next result to pass on: in order, or, when `any`, whichever finished first.
+    fn take(&mut self, any: bool) -> Option<Finished> {
+        let r = if any {
+            self.finished.pop_first().map(|(_, r)| r)
+        } else {
+            self.finished.remove(&self.next_out)
+        }?;
+        self.next_out += 1;
+        self.outstanding -= 1;
+        Some(r)
+    }
+}
+
 struct TailCtx {
     ds: Arc<Dataset>,
     budget: MemoryBudget,
@@ -1421,6 +1847,8 @@ struct TailCtx {
     autotune: bool,
     state: Option<PipelineState>,
     tail_offset: usize,
+    /// Per tail stage: the operators of the parallel stage that starts there.
+    par_ops: Vec<Option<Arc<ParOps>>>,
 }
 
 /// The tail's running state within one epoch.
@@ -1433,6 +1861,13 @@ struct TailRun<'a> {
     out: &'a Sender<Vec<OutMsg>>,
     out_buf: Vec<OutMsg>,
     failed: bool,
+    par_tx: &'a Sender<ParWork>,
+    par_rx: &'a Receiver<ParDone>,
+    /// While the result of a parallel stage goes on through the stages after it: its mark
+    /// as of the stages before (see [`Upstream`]).
+    upstream: Option<Box<Upstream>>,
+    /// Whether the plan has a parallel stage (else the tail waits on the workers alone).
+    has_par: bool,
 }
 
 impl TailCtx {
@@ -1442,6 +1877,7 @@ impl TailCtx {
         done_tx: Sender<Done>,
         done_rx: Receiver<Done>,
         out_tx: Sender<Vec<OutMsg>>,
+        (par_tx, par_rx): (Sender<ParWork>, Receiver<ParDone>),
     ) {
         let start_epoch = self.state.as_ref().map_or(0, |s| s.epoch);
         let mut epoch = start_epoch;
@@ -1466,6 +1902,10 @@ impl TailCtx {
                 out: &out_tx,
                 out_buf: Vec::new(),
                 failed: false,
+                par_tx: &par_tx,
+                par_rx: &par_rx,
+                upstream: None,
+                has_par: self.par_ops.iter().any(Option::is_some),
             };
             let got = match run.init_stages(restored) {
                 Ok((s, got)) => {
@@ -1717,7 +2157,10 @@ impl TailRun<'_> {
         for (i, t) in ctx.ph_tail.iter().enumerate() {
             let st = restored.map(|s| &s.stages[i]);
             stages.push(match t {
-                TailOp::Map(i, op) => Stage::Map(*i, op.clone()),
+                TailOp::Map(..) => match &ctx.par_ops[i] {
+                    Some(run) => Stage::Par(Box::new(ParStage::new(run.clone()))),
+                    None => Stage::Fused,
+                },
                 TailOp::Shuffle(n) => {
                     let emitted = match st {
                         Some(StageState::Shuffle { emitted, .. }) => *emitted,
@@ -1949,7 +2392,11 @@ impl TailRun<'_> {
             if let TailOp::Map(i, op) = t {
                 let mut cx = OpContext::new(ctx.seed, self.epoch, first.shard, first.record, *i);
                 batch = match op.apply_batch(batch, &mut cx) {
-                    Some(r) => r.map_err(|e| e.with_stage(op.meta().name))?,
+                    Some(r) => r
+                        .map_err(|e| e.with_stage(op.meta().name))?
+                        .ok_or_else(|| {
+                            Error::invalid("a buffered batch is filtered out on resume")
+                        })?,
                     None => return Err(foreign_state("a per-sample operator after a batch")),
                 };
             }
@@ -2001,15 +2448,38 @@ impl TailRun<'_> {
             if ctx.shared.stop.load(Ordering::Relaxed) {
                 return;
             }
-            tuner.tick(ctx);
-            if done_rx.is_empty() {
-                // About to wait: what is finished goes to the consumer first.
+            tuner.tick(ctx, self.par_tx.len());
+            self.deliver_ready();
+            if self.failed {
+                return;
+            }
+            if done_rx.is_empty() && self.par_rx.is_empty() {
+                // About to wait: what is finished goes to the consumer first, and what the
+                // parallel stages hold goes to the workers.
+                self.send_all_par();
                 self.flush_out();
             }
-            let msg = match done_rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(m) => m,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return,
+            let msg = if !self.has_par {
+                match done_rx.recv_timeout(Duration::from_millis(100)) {
+                    Ok(m) => m,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                crossbeam_channel::select! {
+                recv(done_rx) -> m => match m {
+                    Ok(m) => m,
+                    Err(_) => return,
+                },
+                recv(self.par_rx) -> m => match m {
+                    Ok(d) => {
+                        self.file(d);
+                        continue;
+                    }
+                    Err(_) => return,
+                },
+                default(Duration::from_millis(100)) => continue,
+                }
             };
             match msg {
                 Done::SourceEnd { next_seq } => end = Some(next_seq),
@@ -2063,6 +2533,199 @@ impl TailRun<'_> {
         self.push(1, batch);
     }
 
+    /// The mark stages `0..upto` make now: for the stages before the parallel stage whose
+    /// result is going on ([`TailRun::upstream`]), as of when that item entered it; for the
+    /// others, as they are.
+    fn snapshot(&self, upto: usize) -> Upstream {
+        let mut up = match &self.upstream {
+            Some(u) => (**u).clone(),
+            None => Upstream {
+                upto: 0,
+                broken: None,
+                last_seq: self.last_seq,
+                shuffle_ops: vec![0; self.stages.len()],
+                stages: Vec::with_capacity(upto),
+            },
+        };
+        if up.upto >= upto {
+            return up;
+        }
+        let mirror = self.ctx.shared.shuffle.lock();
+        for i in up.upto..upto {
+            let s = &self.stages[i];
+            up.stages.push(match s {
+                Stage::Pack(p) => match p.checkpoint() {
+                    Ok(st) => StageMark::Fixed(st),
+                    Err(e) => {
+                        up.broken = Some(e.message);
+                        StageMark::Fixed(StageState::Stateless)
+                    }
+                },
+                s => stage_mark(s),
+            });
+            up.shuffle_ops[i] = mirror.ops_of(i);
+        }
+        up.upto = upto;
+        up
+    }
+
+    fn par(&mut self, i: usize) -> &mut ParStage {
+        match &mut self.stages[i] {
+            Stage::Par(p) => p,
+            _ => unreachable!("stage {i} is not a parallel stage"),
+        }
+    }
+
+    /// Most items in a parallel stage at once: enough for every worker to have a chunk
+    /// and the next one ready (results that finish early wait for their turn), within the
+    /// window.
+    fn par_cap(&self, chunk: usize) -> usize {
+        (2 * self.ctx.threads * chunk).clamp(2, (self.ctx.window as usize).max(2))
+    }
+
+    /// `item` enters the parallel stage `i`: it is numbered, its mark so far taken, and
+    /// it goes to the workers with the next chunk. With the stage full, waits for its
+    /// next result and passes that on first.
+    fn enter_par(&mut self, i: usize, item: Flow) {
+        let p = self.par(i);
+        let cost = p.run.cost_ns.load(Ordering::Relaxed);
+        if p.inline && cost > 2 * INLINE_NS {
+            p.inline = false;
+        } else if !p.inline && cost != 0 && cost < INLINE_NS {
+            p.inline = true;
+        }
+        if p.inline {
+            // What the workers have of it goes on first.
+            while !self.failed && self.par(i).outstanding > 0 {
+                self.await_par(i);
+            }
+            if !self.failed {
+                self.run_inline(i, item);
+            }
+            return;
+        }
+        let len = self.ctx.par_ops[i].as_ref().map_or(1, |r| r.ops.len());
+        let up = Box::new(self.snapshot(i + len));
+        let p = self.par(i);
+        p.unsent.push((p.next_in, item, up));
+        p.next_in += 1;
+        p.outstanding += 1;
+        let chunk = p.chunk();
+        if p.unsent.len() >= chunk {
+            self.send_par(i);
+        }
+        let cap = self.par_cap(chunk);
+        while !self.failed && self.par(i).outstanding >= cap {
+            self.await_par(i);
+        }
+    }
+
+    /// `item` through the parallel stage `i` on this thread (a cheap stage, see
+    /// [`INLINE_NS`]), and on: its mark is the stages' now, as for any tail stage.
+    fn run_inline(&mut self, i: usize, item: Flow) {
+        let run = self.par(i).run.clone();
+        let t0 = Instant::now();
+        let r = run_par_one(item, &run, self.ctx.seed, self.epoch, &self.ctx.ds);
+        run.note_cost(t0.elapsed(), 1);
+        match r {
+            Ok(Some(flow)) => self.push(i + run.ops.len(), flow),
+            Ok(None) => {}
+            Err(e) => self.error(e),
+        }
+    }
+
+    /// Hands stage `i`'s unsent items to the workers.
+    fn send_par(&mut self, i: usize) {
+        let epoch = self.epoch;
+        let p = self.par(i);
+        if p.unsent.is_empty() {
+            return;
+        }
+        let work = ParWork {
+            stage: i,
+            epoch,
+            run: p.run.clone(),
+            items: std::mem::take(&mut p.unsent),
+        };
+        if self.par_tx.send(work).is_err() {
+            self.failed = true;
+        }
+    }
+
+    /// Hands every parallel stage's unsent items to the workers (before the tail waits).
+    fn send_all_par(&mut self) {
+        for i in 0..self.stages.len() {
+            if matches!(&self.stages[i], Stage::Par(p) if !p.unsent.is_empty()) {
+                self.send_par(i);
+            }
+        }
+    }
+
+    /// Puts the workers' results where they wait for their turn.
+    fn file(&mut self, done: ParDone) {
+        let p = self.par(done.stage);
+        for (t, r, up) in done.results {
+            p.finished.insert(t, (r, up));
+        }
+    }
+
+    /// Waits for the next result of the parallel stage `i` and passes it on. Results of
+    /// other parallel stages that arrive meanwhile wait for their turn.
+    fn await_par(&mut self, i: usize) {
+        self.send_par(i);
+        let any = !self.ctx.deterministic;
+        loop {
+            if self.failed {
+                return;
+            }
+            if self.ctx.shared.stop.load(Ordering::Relaxed) {
+                self.failed = true;
+                return;
+            }
+            if let Some(r) = self.par(i).take(any) {
+                return self.pass_on(i, r);
+            }
+            // About to wait: what is finished goes to the consumer first.
+            self.flush_out();
+            match self.par_rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(done) => self.file(done),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return self.fail(Error::invalid("the worker threads ended"));
+                }
+            }
+        }
+    }
+
+    /// A result of the parallel stage `i` goes on to the stage after it, with the mark
+    /// its item had when it entered.
+    fn pass_on(&mut self, i: usize, (r, up): Finished) {
+        let next = i + self.ctx.par_ops[i].as_ref().map_or(1, |r| r.ops.len());
+        let outer = self.upstream.replace(up);
+        match r {
+            Ok(Some(flow)) => self.push(next, flow),
+            Ok(None) => {}
+            Err(e) => self.error(e),
+        }
+        self.upstream = outer;
+    }
+
+    /// Passes on every result whose turn it is, stage by stage.
+    fn deliver_ready(&mut self) {
+        let any = !self.ctx.deterministic;
+        for i in 0..self.stages.len() {
+            if !matches!(self.stages[i], Stage::Par(_)) {
+                continue;
+            }
+            while let Some(r) = self.par(i).take(any) {
+                self.pass_on(i, r);
+                if self.failed {
+                    return;
+                }
+            }
+        }
+    }
+
     /// Ends the run with `e`, after what was finished before it.
     fn fail(&mut self, e: Error) {
         self.out_buf.push(OutMsg::Err(e));
@@ -2107,6 +2770,11 @@ impl TailRun<'_> {
             self.emit(item);
             return;
         }
+        match self.stages[i] {
+            Stage::Par(_) => return self.enter_par(i, item),
+            Stage::Fused => return self.push(i + 1, item),
+            _ => {}
+        }
         let c = self.counters(i);
         c.add(&c.items_in, 1);
         let t0 = Instant::now();
@@ -2117,42 +2785,7 @@ impl TailRun<'_> {
         // A batch an unbatch stage cuts: its samples go on one by one (`cut_out`).
         let mut cut = None;
         match &mut self.stages[i] {
-            Stage::Map(idx, op) => match item {
-                Flow::Elem(mut el, cut) => {
-                    let mut cx = OpContext::new(seed, epoch, el.pos.shard, el.pos.record, *idx);
-                    match op.apply(el.sample, &mut cx) {
-                        Ok(Some(s)) => {
-                            el.sample = s;
-                            outs.push(Flow::Elem(el, cut));
-                        }
-                        Ok(None) => c.add(&c.dropped, 1),
-                        Err(e) => {
-                            err = Some(locate(&self.ctx.ds, e.with_stage(op.meta().name), el.pos))
-                        }
-                    }
-                }
-                Flow::Batch(b, members, hold) => {
-                    let first = members.first().map_or(
-                        Pos {
-                            shard: 0,
-                            record: 0,
-                        },
-                        Key::pos,
-                    );
-                    let mut cx = OpContext::new(seed, epoch, first.shard, first.record, *idx);
-                    match op.apply_batch(b, &mut cx) {
-                        Some(Ok(b)) => outs.push(Flow::Batch(b, members, hold)),
-                        Some(Err(e)) => err = Some(e.with_stage(op.meta().name)),
-                        None => {
-                            err = Some(Error::invalid(format!(
-                                "{} is a per-sample operator but receives batches (put it \
-                                 before batch)",
-                                op.meta().name
-                            )))
-                        }
-                    }
-                }
-            },
+            Stage::Par(_) | Stage::Fused => unreachable!("handled above"),
             // Samples, or batches after a batch stage: the picks are the same either way.
             Stage::Shuffle { size, buf, emitted } => {
                 let mut m = self.ctx.shared.shuffle.lock();
@@ -2279,6 +2912,12 @@ impl TailRun<'_> {
         if i >= self.stages.len() || self.failed {
             return;
         }
+        if matches!(self.stages[i], Stage::Par(_)) {
+            while !self.failed && self.par(i).outstanding > 0 {
+                self.await_par(i);
+            }
+            return self.flush(i + 1);
+        }
         let epoch = self.epoch;
         let seed = self.ctx.seed;
         loop {
@@ -2357,21 +2996,13 @@ impl TailRun<'_> {
             Flow::Batch(b, _, hold) => (Item::Batch(b), hold),
         };
         self.yielded_in_epoch += 1;
-        let mut stages: Vec<StageMark> = self.stages.iter().map(stage_mark).collect();
-        let mut broken = None;
-        for (i, s) in self.stages.iter().enumerate() {
-            let Stage::Pack(p) = s else { continue };
-            match p.checkpoint() {
-                Ok(st) => stages[i] = StageMark::Fixed(st),
-                Err(e) => broken = Some(e.message),
-            }
-        }
+        let up = self.snapshot(self.stages.len());
         let mark = Mark {
-            broken,
+            broken: up.broken,
             epoch: self.epoch,
-            last_seq: self.last_seq,
-            shuffle_ops: self.ctx.shared.shuffle.lock().ops(),
-            stages,
+            last_seq: up.last_seq,
+            shuffle_ops: up.shuffle_ops,
+            stages: up.stages,
             yielded_in_epoch: self.yielded_in_epoch,
         };
         let out_i = self.ctx.shared.stats.stages.len() - 1;
@@ -2387,10 +3018,10 @@ impl TailRun<'_> {
     }
 }
 
-/// A stage's part of a mark, except a pack stage's (filled in by `TailRun::emit`).
+/// A stage's part of a mark, except a pack stage's (see `TailRun::snapshot`).
 fn stage_mark(s: &Stage) -> StageMark {
     match s {
-        Stage::Map(..) | Stage::Pack(_) => StageMark::Fixed(StageState::Stateless),
+        Stage::Par(_) | Stage::Fused | Stage::Pack(_) => StageMark::Fixed(StageState::Stateless),
         Stage::Shuffle { .. } => StageMark::Shuffle,
         Stage::Batch { partial, .. } => {
             StageMark::Batch(partial.iter().map(|(e, c)| Key::of_elem(e, c)).collect())
@@ -2400,6 +3031,17 @@ fn stage_mark(s: &Stage) -> StageMark {
             StageMark::Fixed(StageState::Count { seen: *seen })
         }
     }
+}
+
+/// `e`, from an operator on a batch of `rows` samples whose first is at `first`, with that
+/// sample's object and record, saying so.
+fn locate_batch(ds: &Dataset, e: Error, first: Pos, rows: usize) -> Error {
+    let mut e = locate(ds, e, first);
+    e.message = format!(
+        "on a batch of {rows} samples (the first at this record): {}",
+        e.message
+    );
+    e
 }
 
 /// `e` with the object and record of the sample at `pos` (a pack's block: its number).
@@ -2444,19 +3086,28 @@ impl Tuner {
         }
     }
 
-    fn tick(&mut self, ctx: &TailCtx) {
+    /// `par_queued`: hand-offs of the parallel stages after the tail waiting for a worker.
+    fn tick(&mut self, ctx: &TailCtx, par_queued: usize) {
+        let par = ctx.par_ops.iter().flatten();
         if !ctx.autotune
-            || ctx.producer.is_empty()
+            || (ctx.producer.is_empty() && par.clone().next().is_none())
             || self.last.elapsed() < Duration::from_millis(250)
         {
             return;
         }
-        let stage = ctx.shared.stats.stage(1);
-        let busy = stage.busy_ns.load(Ordering::Relaxed);
+        // The workers' busy time: the operators before the tail and those after it.
+        let mut busy: u64 = par
+            .flat_map(|r| &r.counters)
+            .map(|c| c.busy_ns.load(Ordering::Relaxed))
+            .sum();
+        if !ctx.producer.is_empty() {
+            busy += ctx.shared.stats.stage(1).busy_ns.load(Ordering::Relaxed);
+        }
         let dt = self.last.elapsed().as_nanos() as f64;
         let active = ctx.shared.active.load(Ordering::Relaxed);
-        let util = (busy - self.busy) as f64 / (dt * active as f64);
-        let queued = ctx.shared.stats.stage(0).queue_len.load(Ordering::Relaxed) as usize;
+        let util = busy.saturating_sub(self.busy) as f64 / (dt * active as f64);
+        let queued =
+            ctx.shared.stats.stage(0).queue_len.load(Ordering::Relaxed) as usize + par_queued;
         self.busy = busy;
         self.last = Instant::now();
         let new = if util > 0.85 && queued > active && active < self.max {

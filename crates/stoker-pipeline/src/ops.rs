@@ -64,8 +64,14 @@ pub trait SampleOp: Send + Sync + fmt::Debug {
     }
 
     /// Transforms a whole batch, column-wise, for operators that can (placed after a
-    /// `batch`); `None` when the operator works only per sample.
-    fn apply_batch(&self, _batch: Batch, _ctx: &mut OpContext) -> Option<Result<Batch, Error>> {
+    /// `batch`); `None` when the operator works only per sample. `Ok(None)` drops the
+    /// batch (for an operator declared a filter). A batch that comes back has as many
+    /// rows as it had: the pipeline's positions name its samples one to one.
+    fn apply_batch(
+        &self,
+        _batch: Batch,
+        _ctx: &mut OpContext,
+    ) -> Option<Result<Option<Batch>, Error>> {
         None
     }
 }
@@ -758,8 +764,13 @@ impl SampleOp for Builtin {
         Some(self)
     }
 
-    fn apply_batch(&self, batch: Batch, _ctx: &mut OpContext) -> Option<Result<Batch, Error>> {
-        crate::column_ops::is_column_op(self).then(|| crate::column_ops::apply_batch(self, batch))
+    fn apply_batch(
+        &self,
+        batch: Batch,
+        _ctx: &mut OpContext,
+    ) -> Option<Result<Option<Batch>, Error>> {
+        crate::column_ops::is_column_op(self)
+            .then(|| crate::column_ops::apply_batch(self, batch).map(Some))
     }
 
     fn apply(&self, mut s: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {

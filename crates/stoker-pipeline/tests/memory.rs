@@ -6,25 +6,62 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use stoker_pipeline::{FormatChoice, Pipeline, RunOptions};
+use stoker_core::{Batch, Error, OpMeta, Sample};
+use stoker_pipeline::{FormatChoice, OpContext, Pipeline, RunOptions, SampleOp};
 
-#[test]
-fn a_slow_consumer_holds_the_pipeline_within_its_budget() {
-    let s = server();
-    let mib = 1usize << 20;
-    for i in 0..96 {
-        s.put_object(BUCKET, &format!("big/{i:03}.bin"), &vec![i as u8; mib])
-            .unwrap();
-    }
-    let limit: u64 = 24 << 20;
-    let p = Pipeline::from_url(
+/// The 96 objects of 1 MiB.
+fn big() -> Pipeline {
+    static PUT: std::sync::Once = std::sync::Once::new();
+    PUT.call_once(|| {
+        let s = server();
+        let mib = 1usize << 20;
+        for i in 0..96 {
+            s.put_object(BUCKET, &format!("big/{i:03}.bin"), &vec![i as u8; mib])
+                .unwrap();
+        }
+    });
+    Pipeline::from_url(
         &format!("s3://{BUCKET}/big/"),
         store_options().with_cache_memory(0),
         FormatChoice::Files,
     )
-    .shuffle(4)
-    .batch(2, false)
-    .options(
+}
+
+/// A filter that keeps everything (a filter stays after a shuffle buffer), and on batches
+/// keeps them too: each a parallel stage after the sequential one before it (slow enough,
+/// 200 us a call, to stay on the workers).
+#[derive(Debug)]
+struct KeepAll;
+
+impl SampleOp for KeepAll {
+    fn meta(&self) -> OpMeta {
+        OpMeta::new("keep_all").filter()
+    }
+    fn apply(&self, s: Sample, _: &mut OpContext) -> Result<Option<Sample>, Error> {
+        std::thread::sleep(Duration::from_micros(200));
+        Ok(Some(s))
+    }
+    fn apply_batch(&self, b: Batch, _: &mut OpContext) -> Option<Result<Option<Batch>, Error>> {
+        std::thread::sleep(Duration::from_micros(200));
+        Some(Ok(Some(b)))
+    }
+}
+
+#[test]
+fn a_slow_consumer_holds_the_pipeline_within_its_budget() {
+    held_within_the_budget(big().shuffle(4).batch(2, false));
+}
+
+#[test]
+fn maps_after_the_shuffle_and_the_batch_hold_the_pipeline_within_its_budget() {
+    // Items on the workers after the tail count in the budget, and a full stage stops the
+    // tail, so the source stops as without them.
+    held_within_the_budget(big().shuffle(4).map(KeepAll).batch(2, false).map(KeepAll));
+}
+
+fn held_within_the_budget(p: Pipeline) {
+    let limit: u64 = 24 << 20;
+    let p = p.options(
         RunOptions::default()
             .with_memory_limit(limit)
             .with_threads(2),

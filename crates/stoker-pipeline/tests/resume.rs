@@ -5,8 +5,12 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
+use std::time::Duration;
+
+use stoker_core::{Batch, Error, OpMeta, Sample, Value};
 use stoker_pipeline::{
-    Builtin, Item, ItemPos, Pipeline, PipelineState, RankPolicy, RunOptions, StageState,
+    Builtin, FnOp, Item, ItemPos, OpContext, Pipeline, PipelineState, RankPolicy, RunOptions,
+    SampleOp, StageState,
 };
 
 #[derive(Debug, Clone)]
@@ -28,6 +32,9 @@ struct Shape {
     seed: u64,
     threads: usize,
     cache: bool,
+    /// Maps and filters after the sequential stages (parallel stages): a filter after the
+    /// shuffle buffer (which keeps it there), an operator on batches after the batch.
+    tail_maps: bool,
 }
 
 fn build(s: &Shape) -> Pipeline {
@@ -65,11 +72,17 @@ fn build(s: &Shape) -> Pipeline {
     if let Some(b) = s.buffer {
         p = p.shuffle(b);
     }
+    if s.tail_maps {
+        p = p.map(Slow(thin()));
+    }
     if let Some(n) = s.skip {
         p = p.skip(n);
     }
     if let Some((n, drop_last)) = s.batch {
         p = p.batch(n, drop_last);
+        if s.tail_maps {
+            p = p.map(Slow(clip_r2()));
+        }
         if let Some(b) = s.batch_buffer {
             p = p.shuffle(b);
         }
@@ -82,6 +95,59 @@ fn build(s: &Shape) -> Pipeline {
             .with_threads(s.threads)
             .with_window(16),
     )
+}
+
+/// `op`, slowed down (a sleep of 20 us a call), so that it costs more than handing it to
+/// a worker: a parallel stage of it stays on the workers (a cheaper one, such as `clip`
+/// after the batch and `random_int` after the unbatch above, runs on the tail thread).
+#[derive(Debug)]
+struct Slow<T>(T);
+
+impl<T: SampleOp> SampleOp for Slow<T> {
+    fn meta(&self) -> OpMeta {
+        self.0.meta()
+    }
+    fn apply(&self, s: Sample, cx: &mut OpContext) -> Result<Option<Sample>, Error> {
+        std::thread::sleep(Duration::from_micros(20));
+        self.0.apply(s, cx)
+    }
+    fn apply_batch(&self, b: Batch, cx: &mut OpContext) -> Option<Result<Option<Batch>, Error>> {
+        std::thread::sleep(Duration::from_micros(20));
+        self.0.apply_batch(b, cx)
+    }
+}
+
+/// A filter (so it stays after a shuffle buffer) that drops about one sample in 7 and
+/// draws from the sample's generator.
+fn thin() -> FnOp {
+    FnOp::new(OpMeta::new("thin").filter(), |mut s, cx| {
+        // An int from the source; after a clip on batches and an unbatch, a scalar tensor.
+        let r = match s.get("r") {
+            Some(Value::Int(r)) => *r as f64,
+            Some(Value::Float(r)) => *r,
+            Some(Value::Tensor(t)) => t
+                .to_vec::<f32>()
+                .map(|v| v[0] as f64)
+                .or_else(|| t.to_vec::<f64>().map(|v| v[0]))
+                .or_else(|| t.to_vec::<i64>().map(|v| v[0] as f64))
+                .expect("a number"),
+            v => panic!("r is {v:?}"),
+        };
+        if r as i64 % 7 == 0 {
+            return Ok(None);
+        }
+        s.insert("r3", cx.rng().below(1000) as i64);
+        Ok(Some(s))
+    })
+}
+
+/// Column-wise on batches, after the last batch.
+fn clip_r2() -> Builtin {
+    Builtin::Clip {
+        field: "r".into(),
+        min: Some(200.0),
+        max: Some(800.0),
+    }
 }
 
 /// An operator that works on whole batches (column-wise).
@@ -109,13 +175,19 @@ fn shape() -> impl Strategy<Value = Shape> {
             proptest::option::of(1u64..60),
             proptest::option::of((0u32..4, 1u32..4, any::<bool>())),
         ),
-        (1u64..3, any::<u64>(), 1usize..4, any::<bool>()),
+        (
+            1u64..3,
+            any::<u64>(),
+            1usize..5,
+            any::<bool>(),
+            any::<bool>(),
+        ),
     )
         .prop_map(
             |(
                 (source, cycle, shuffle_shards, buffer, unbatch),
                 (batch, batch_buffer, skip, take, rank),
-                (epochs, seed, threads, cache),
+                (epochs, seed, threads, cache, tail_maps),
             )| Shape {
                 source,
                 cycle,
@@ -131,6 +203,7 @@ fn shape() -> impl Strategy<Value = Shape> {
                 seed,
                 threads,
                 cache,
+                tail_maps,
             },
         )
 }
@@ -402,4 +475,41 @@ fn two_shuffle_buffers_of_samples_resume_exactly() {
         })
         .collect();
     assert_eq!(sizes, [4, 6]);
+}
+
+#[test]
+fn maps_after_a_shuffle_and_after_a_batch_resume_exactly_from_every_item() {
+    // Parallel stages after the shuffle buffer and after the batch, with a shuffle of the
+    // batches after them: the marks they carry make every checkpoint exact.
+    for threads in [1, 4] {
+        let p = files()
+            .shuffle_shards(true)
+            .map(random_int("r"))
+            .shuffle(7)
+            .map(Slow(thin()))
+            .batch(3, false)
+            .map(Slow(clip_r2()))
+            .shuffle(4)
+            .epochs(Some(2))
+            .seed(21);
+        let states = stop_everywhere(&with_threads(p, threads));
+        assert!(states.len() > 20);
+    }
+}
+
+#[test]
+fn a_filter_between_two_shuffle_buffers_resumes_exactly() {
+    // The first buffer moves on while items are on the workers: each buffer is rewound
+    // to where it was when the consumer's item passed it.
+    for threads in [1, 3] {
+        let p = memory(60)
+            .map(random_int("r"))
+            .shuffle(5)
+            .map(Slow(thin()))
+            .shuffle(6)
+            .take(40)
+            .epochs(Some(2))
+            .seed(4);
+        stop_everywhere(&with_threads(p, threads));
+    }
 }

@@ -26,7 +26,7 @@ use pyo3::prelude::*;
 use pyo3::types::{
     PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PyString, PyTuple,
 };
-use stoker_core::{DType, Sample, Tensor, Value};
+use stoker_core::{Batch, DType, Sample, Tensor, Value};
 use stoker_pipeline::Item;
 
 use crate::buffer::{memoryview, ndarray, Buffer};
@@ -59,22 +59,22 @@ pub(crate) fn sample_to_py<'py>(py: Python<'py>, s: &Sample) -> PyResult<Bound<'
     Ok(d)
 }
 
-/// A sample or a batch as a `dict` of its fields.
-pub(crate) fn item_to_py<'py>(py: Python<'py>, item: &Item) -> PyResult<Bound<'py, PyDict>> {
+/// A batch as a `dict` of its columns (what the iterator yields, and what a Python
+/// function on batches receives).
+pub(crate) fn batch_to_py<'py>(py: Python<'py>, b: &Batch) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    match item {
-        Item::Sample(s) => {
-            for (k, v) in s.iter() {
-                d.set_item(&**k, value_to_py(py, v)?)?;
-            }
-        }
-        Item::Batch(b) => {
-            for (k, v) in b.iter() {
-                d.set_item(&**k, value_to_py(py, v)?)?;
-            }
-        }
+    for (k, v) in b.iter() {
+        d.set_item(&**k, value_to_py(py, v)?)?;
     }
     Ok(d)
+}
+
+/// A sample or a batch as a `dict` of its fields.
+pub(crate) fn item_to_py<'py>(py: Python<'py>, item: &Item) -> PyResult<Bound<'py, PyDict>> {
+    match item {
+        Item::Sample(s) => sample_to_py(py, s),
+        Item::Batch(b) => batch_to_py(py, b),
+    }
 }
 
 /// The dtype of a NumPy type string (`<f4`, `|u1`, ...).
@@ -231,6 +231,29 @@ pub(crate) fn py_to_sample_named(obj: &Bound<'_, PyAny>) -> PyResult<Sample> {
         s.insert(name, value);
     }
     Ok(s)
+}
+
+/// A `dict` of columns as a batch of `rows` samples (what a Python function on batches
+/// returns): each column a list of `rows` values or an array whose first axis is `rows`;
+/// an error names the field whose value cannot be one.
+pub(crate) fn py_to_batch_named(obj: &Bound<'_, PyAny>, rows: usize) -> PyResult<Batch> {
+    let d = obj
+        .cast::<PyDict>()
+        .map_err(|_| PyTypeError::new_err("a batch is a dict of columns"))?;
+    let mut b = Batch::with_rows(rows);
+    for (k, v) in d.iter() {
+        let name: String = k.extract().map_err(|_| {
+            PyTypeError::new_err(format!("field names must be str, not {}", type_name(&k)))
+        })?;
+        let value = py_to_value(&v).map_err(|e| {
+            let py = v.py();
+            let class = e.get_type(py);
+            PyErr::from_type(class, format!("field {name:?}: {}", e.value(py)))
+        })?;
+        b.insert(name, value)
+            .map_err(|e| PyValueError::new_err(e.message))?;
+    }
+    Ok(b)
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {

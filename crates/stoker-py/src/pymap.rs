@@ -1,8 +1,10 @@
 //! Python functions as pipeline operators: `Pipeline.map(fn)` and `Pipeline.filter(fn)`.
 //!
 //! A [`PyOp`] is an ordinary [`SampleOp`], so the engine runs it where it runs native
-//! operators: on its worker threads (or its tail thread, after a sequential stage), in
-//! sample order, with the sample's origin added to any error it returns. What it calls
+//! operators: on its worker threads (before the first sequential stage, and as a parallel
+//! stage after one), in sample order, with the sample's origin added to any error it
+//! returns. After a `batch` it is a function on batches ([`SampleOp::apply_batch`]): it
+//! gets the batch's dict of columns and returns one with as many rows (or `None`). What it calls
 //! depends on the mode chosen in Python:
 //!
 //! - **threads**: the function itself. The engine thread takes the GIL for the call and the
@@ -39,10 +41,10 @@ use std::time::{Duration, Instant};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
-use stoker_core::{Error, OpMeta, Sample};
+use stoker_core::{Batch, Error, OpMeta, Sample};
 use stoker_pipeline::{OpContext, SampleOp};
 
-use crate::convert::{py_to_sample_named, sample_to_py};
+use crate::convert::{batch_to_py, py_to_batch_named, py_to_sample_named, sample_to_py};
 
 /// Whether Python calls are still allowed, and how many are under way.
 struct Gate {
@@ -205,13 +207,48 @@ impl PyOp {
         })
     }
 
-    fn call(
+    /// What the function's result means for `batch` (a function on batches).
+    fn batch_outcome(&self, batch: Batch, out: &Bound<'_, PyAny>) -> Result<Option<Batch>, Error> {
+        if self.filter {
+            return match out.is_truthy() {
+                Ok(true) => Ok(Some(batch)),
+                Ok(false) => Ok(None),
+                Err(e) => Err(self.raised(out.py(), &e)),
+            };
+        }
+        if out.is_none() {
+            return Ok(None);
+        }
+        if out.cast::<PyDict>().is_err() {
+            return Err(Error::operator(format!(
+                "Python function {} returned a {}: a map function on batches returns the \
+                 batch (a dict of columns) or None to drop it",
+                self.qualname,
+                out.get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|_| "?".into())
+            )));
+        }
+        py_to_batch_named(out, batch.len()).map(Some).map_err(|e| {
+            Error::operator(format!(
+                "the result of Python function {}: {}",
+                self.qualname,
+                e.value(out.py())
+            ))
+        })
+    }
+
+    /// Calls the function on `arg` (a sample's or a batch's dict) and makes its result
+    /// into what `outcome` says, before a worker process is given back (in processes
+    /// mode the result's arrays are views of that worker's shared memory).
+    fn call<T>(
         &self,
         py: Python<'_>,
-        sample: Sample,
+        arg: Bound<'_, PyDict>,
         seed: Option<u64>,
-    ) -> Result<Option<Sample>, Error> {
-        let arg = sample_to_py(py, &sample).map_err(|e| self.raised(py, &e))?;
+        outcome: impl FnOnce(&Bound<'_, PyAny>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         let target = self.target.bind(py);
         match self.mode {
             Mode::Threads => {
@@ -220,7 +257,7 @@ impl PyOp {
                     None => target.call1((arg,)),
                 }
                 .map_err(|e| self.raised(py, &e))?;
-                self.outcome(sample, &out)
+                outcome(&out)
             }
             Mode::Processes => {
                 let got = target
@@ -228,9 +265,7 @@ impl PyOp {
                     .map_err(|e| self.raised(py, &e))?;
                 let (out, token): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
                     got.extract().map_err(|e| self.raised(py, &e))?;
-                let result = self.outcome(sample, &out);
-                // The result's arrays are views of the worker's shared memory: gone before
-                // the worker is given back.
+                let result = outcome(&out);
                 drop(out);
                 drop(got);
                 target
@@ -239,6 +274,17 @@ impl PyOp {
                 result
             }
         }
+    }
+
+    /// Runs `f` with the GIL, unless the interpreter is exiting.
+    fn attach<T>(&self, f: impl FnOnce(Python<'_>) -> Result<T, Error>) -> Result<T, Error> {
+        let Some(_pass) = GATE.enter() else {
+            return Err(Error::operator(format!(
+                "Python function {} not called: the interpreter is exiting",
+                self.qualname
+            )));
+        };
+        Python::attach(f)
     }
 }
 
@@ -249,12 +295,24 @@ impl SampleOp for PyOp {
 
     fn apply(&self, sample: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {
         let seed = self.seeded.then(|| ctx.rng().next_u64());
-        let Some(_pass) = GATE.enter() else {
-            return Err(Error::operator(format!(
-                "Python function {} not called: the interpreter is exiting",
-                self.qualname
-            )));
-        };
-        Python::attach(|py| self.call(py, sample, seed))
+        self.attach(|py| {
+            let arg = sample_to_py(py, &sample).map_err(|e| self.raised(py, &e))?;
+            self.call(py, arg, seed, |out| self.outcome(sample, out))
+        })
+    }
+
+    /// A function on batches (placed after `batch`): it gets the batch as the iterator
+    /// yields it, a dict of columns (stacked tensors as NumPy arrays, no copy; lists), and
+    /// returns one with as many rows, or None to drop it.
+    fn apply_batch(
+        &self,
+        batch: Batch,
+        ctx: &mut OpContext,
+    ) -> Option<Result<Option<Batch>, Error>> {
+        let seed = self.seeded.then(|| ctx.rng().next_u64());
+        Some(self.attach(|py| {
+            let arg = batch_to_py(py, &batch).map_err(|e| self.raised(py, &e))?;
+            self.call(py, arg, seed, |out| self.batch_outcome(batch, out))
+        }))
     }
 }
