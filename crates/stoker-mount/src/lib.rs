@@ -14,7 +14,7 @@
 //! and block cache). Files of at least [`MountOptions::direct_io_min`] (64 MiB by default:
 //! shards, Parquet files, arrays, not images or clips) are opened with `FOPEN_DIRECT_IO`:
 //! the kernel copies the daemon's reply straight into the reader's buffer, and the block
-//! cache is the one cache. On the 1 GiB benchmark file that took a quarter off the client's
+//! cache is the one cache. On the 1 GiB benchmark file that took a fifth off the client's
 //! CPU time per byte (`docs/benchmarks.md`). Such files can still be memory-mapped: the
 //! mount asks for `FUSE_DIRECT_IO_ALLOW_MMAP` (Linux 6.6+), and on a kernel without it no
 //! file is opened with direct I/O. Smaller files keep the page cache, which serves
