@@ -886,15 +886,20 @@ impl Pipeline {
     }
 }
 
+/// The I/O runtime a run (or a count of a dataset's records) reads its store on.
+pub(crate) fn io_runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("stoker-io")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::invalid(format!("cannot start the I/O runtime: {e}")))
+}
+
 impl Run {
     fn start(p: &Pipeline, state: Option<PipelineState>) -> Result<Run, Error> {
         p.validate()?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("stoker-io")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::invalid(format!("cannot start the I/O runtime: {e}")))?;
+        let runtime = io_runtime()?;
         let budget = match p.options.memory_limit {
             Some(l) => MemoryBudget::new(l),
             None => MemoryBudget::from_system(),
@@ -931,18 +936,21 @@ impl Run {
             None => p.options.window,
         };
         let contiguous = crate::split::choose(p).is_some_and(|(c, _)| c);
-        let counts =
-            match (contiguous, &p.source) {
-                (true, crate::plan::Source::Url { options, .. }) => Some(
-                    crate::split::record_counts(&ds, p.shard_index.as_deref(), options)?,
-                ),
-                (true, _) => Some(crate::split::record_counts(
-                    &ds,
-                    p.shard_index.as_deref(),
-                    &stoker_store::StoreOptions::default(),
-                )?),
-                (false, _) => None,
+        let counts = if contiguous {
+            // The shard index is read with the source's store options (same endpoint,
+            // same credentials).
+            let options = match &p.source {
+                crate::plan::Source::Url { options, .. } => (**options).clone(),
+                _ => stoker_store::StoreOptions::default(),
             };
+            Some(crate::split::record_counts(
+                &ds,
+                p.shard_index.as_deref(),
+                &options,
+            )?)
+        } else {
+            None
+        };
         let cfg = SourceConfig {
             shuffle_shards: p.shuffle_shards,
             cycle: p.cycle,
@@ -1378,8 +1386,15 @@ impl ParOps {
 /// worker and back (its mark, the hand-off, the reordering) costs the tail about as much,
 /// so a cheaper operator (a native filter on a sample, a column-wise operator on a small
 /// batch) is faster where the item already is. It goes back to the workers when the cost
-/// rises above twice this.
-const INLINE_NS: u64 = 5_000;
+/// rises above twice this. An unoptimized build (the tests') does everything several times
+/// slower, the hand-off too: there a native operator on a sample measures about 5 us with
+/// the stage's own overhead, right at the release bound (it then flapped between the tail
+/// and the workers), so the bound is twice as high.
+const INLINE_NS: u64 = if cfg!(debug_assertions) {
+    10_000
+} else {
+    5_000
+};
 
 /// Items for a parallel map stage: tail stage `stage`, in the order they entered it, each
 /// numbered and with its mark so far.

@@ -795,6 +795,19 @@ fn run_shards(
         }
         true
     };
+    // Slot `i`'s piece is done: the next piece of the order takes its place.
+    let next_piece = |slots: &mut Vec<Slot>, i: usize, cursor: &mut SourceCursor| {
+        slots.remove(i);
+        if (cursor.next as usize) < pieces.len() {
+            slots.insert(i, open(cursor.next, None));
+            cursor.next += 1;
+        }
+        cursor.rr = if slots.is_empty() {
+            0
+        } else {
+            (i % slots.len()) as u32
+        };
+    };
     let fail = |(pos, error)| Produced::Fail { seq: 0, pos, error };
     loop {
         if slots.is_empty() {
@@ -806,16 +819,7 @@ fn run_shards(
         let at_end = slots[i].end.is_some_and(|e| slots[i].consumed >= e);
         if at_end && !slots[i].ends_shard {
             // The piece is read; the rest of the shard is another rank's (or part's).
-            slots.remove(i);
-            if (cursor.next as usize) < pieces.len() {
-                slots.insert(i, open(cursor.next, None));
-                cursor.next += 1;
-            }
-            cursor.rr = if slots.is_empty() {
-                0
-            } else {
-                (i % slots.len()) as u32
-            };
+            next_piece(&mut slots, i, cursor);
             continue;
         }
         let msg = slots[i].rx.recv().unwrap_or(ReaderMsg::End);
@@ -831,20 +835,12 @@ fn run_shards(
                 let url = ds.shards[shard as usize].url.clone();
                 let error = if short {
                     slots[i].consumed = n;
-                    Error::record(format!(
-                        "the shard ended after {got} records, but its count is {n} (a stale \
-                         shard index? write it again with `stoker index`)"
-                    ))
+                    crate::split::ended_early(url, got, n)
                 } else {
                     slots[i].consumed = n + 1;
                     slots[i].ends_shard = false;
-                    Error::record(format!(
-                        "the shard has more records than its count of {n} (a stale shard \
-                         index? write it again with `stoker index`)"
-                    ))
-                }
-                .with_object(url)
-                .with_record(got);
+                    crate::split::goes_on(url, got, n)
+                };
                 let pos = Pos { shard, record: got };
                 if !emit_all(cursor, &slots, &mut std::iter::once(fail((pos, error)))) {
                     return;
@@ -897,18 +893,7 @@ fn run_shards(
                     fails.push((pos, error));
                 }
             }
-            ReaderMsg::End => {
-                slots.remove(i);
-                if (cursor.next as usize) < pieces.len() {
-                    slots.insert(i, open(cursor.next, None));
-                    cursor.next += 1;
-                }
-                cursor.rr = if slots.is_empty() {
-                    0
-                } else {
-                    (i % slots.len()) as u32
-                };
-            }
+            ReaderMsg::End => next_piece(&mut slots, i, cursor),
         }
     }
     // The last, incomplete round (and failures after the last full one), if this part's.
@@ -1167,29 +1152,15 @@ fn run_columnar(
             (ColumnMsg::End, Some(n), Some(e)) if ends_shard && !at_end => {
                 let got = s.consumed;
                 s.consumed = e;
-                ColumnMsg::Err(
-                    Error::record(format!(
-                        "the shard ended after {got} records, but its count is {n} (a stale \
-                         shard index? write it again with `stoker index`)"
-                    ))
-                    .with_object(url(shard))
-                    .with_record(got),
-                )
+                ColumnMsg::Err(crate::split::ended_early(url(shard), got, n))
             }
             (ColumnMsg::Rows(_) | ColumnMsg::Err(_), Some(n), Some(_)) if ends_shard && at_end => {
                 let got = s.consumed;
-                s.consumed = n + 1;
+                // The error arm below counts it as one record: the position then lies past
+                // the end, which marks the check as made.
+                s.consumed = n;
                 s.overflow = false;
-                // Counted as the one record it reports, so the position moves past it.
-                s.consumed -= 1;
-                ColumnMsg::Err(
-                    Error::record(format!(
-                        "the shard has more records than its count of {n} (a stale shard \
-                         index? write it again with `stoker index`)"
-                    ))
-                    .with_object(url(shard))
-                    .with_record(got),
-                )
+                ColumnMsg::Err(crate::split::goes_on(url(shard), got, n))
             }
             (ColumnMsg::Rows(mut c), _, Some(e)) if s.consumed + c.len() as u64 > e => {
                 // Only the piece's rows; with the shard's count, what follows is an error.

@@ -153,6 +153,26 @@ pub(crate) fn choose(p: &crate::Pipeline) -> Option<(bool, String)> {
     })
 }
 
+/// The error for a shard that ended after `got` records where its count is `n`.
+pub(crate) fn ended_early(url: String, got: u64, n: u64) -> Error {
+    Error::record(format!(
+        "the shard ended after {got} records, but its count is {n} (a stale shard index? \
+         write it again with `stoker index`)"
+    ))
+    .with_object(url)
+    .with_record(got)
+}
+
+/// The error for a shard with a record at `got`, past its count `n`.
+pub(crate) fn goes_on(url: String, got: u64, n: u64) -> Error {
+    Error::record(format!(
+        "the shard has more records than its count of {n} (a stale shard index? write it \
+         again with `stoker index`)"
+    ))
+    .with_object(url)
+    .with_record(got)
+}
+
 /// Every shard's record count, in `ds.shards` order: from the shard index at `index` if
 /// given, else from the format's metadata. An error names what is missing or unreadable.
 pub(crate) fn record_counts(
@@ -311,12 +331,7 @@ impl crate::Pipeline {
     /// format, many shards at once; Parquet reads only its footers): the content of a shard
     /// index, which `stoker index` writes. One-sample-per-object formats count 1 each.
     pub fn count_records(&self) -> Result<Vec<(String, u64)>, Error> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("stoker-io")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::invalid(format!("cannot start the I/O runtime: {e}")))?;
+        let runtime = crate::exec::io_runtime()?;
         let ds = Dataset::resolve(
             &self.source,
             &self.format,

@@ -233,17 +233,7 @@ proptest! {
 fn parquet_counts_from_its_footers_and_splits_contiguously_by_itself() {
     // pyarrow-written files (tests/fixtures/columnar/rows): the spec says nothing about
     // the split; the footers give the counts, so `auto` cuts contiguously.
-    let s = server();
-    for f in ["a", "b", "c", "d"] {
-        let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join(format!("tests/fixtures/columnar/rows/{f}.parquet"));
-        s.put_object(
-            BUCKET,
-            &format!("split-pq/{f}.parquet"),
-            &std::fs::read(p).unwrap(),
-        )
-        .unwrap();
-    }
+    put_parquet();
     let spec = |rank: u32| -> Pipeline {
         let text = format!(
             "source = \"s3://{BUCKET}/split-pq/\"\nformat = \"parquet\"\nshuffle_shards = true\n\
@@ -281,19 +271,24 @@ fn parquet_counts_from_its_footers_and_splits_contiguously_by_itself() {
     assert_eq!(rows.len(), n, "a row read by two ranks");
 }
 
-/// The Parquet fixtures at `split-pq/` (see the test above), as a spec with extra lines.
-fn parquet(extra: &str, rank_lines: &str, columnar: bool) -> Pipeline {
-    let s = server();
+/// Puts pyarrow's files (tests/fixtures/columnar/rows) at `split-pq/`.
+fn put_parquet() {
     for f in ["a", "b", "c", "d"] {
         let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join(format!("tests/fixtures/columnar/rows/{f}.parquet"));
-        s.put_object(
-            BUCKET,
-            &format!("split-pq/{f}.parquet"),
-            &std::fs::read(p).unwrap(),
-        )
-        .unwrap();
+        server()
+            .put_object(
+                BUCKET,
+                &format!("split-pq/{f}.parquet"),
+                &std::fs::read(p).unwrap(),
+            )
+            .unwrap();
     }
+}
+
+/// The Parquet fixtures at `split-pq/`, as a spec with extra lines.
+fn parquet(extra: &str, rank_lines: &str, columnar: bool) -> Pipeline {
+    put_parquet();
     let text = format!(
         "source = \"s3://{BUCKET}/split-pq/\"\nformat = \"parquet\"\nshuffle_shards = true\n\
          seed = 3\n{extra}\n[rank]\n{rank_lines}\n[options]\nthreads = 2\ncolumnar = {columnar}\n"
@@ -352,7 +347,7 @@ fn parquet_ranks_read_columns_straight_into_batches() {
 fn a_stale_index_fails_the_columnar_path_as_the_row_path() {
     // A shard index overrides the footers: a.parquet counted one too many, then one too
     // few. The index lives in another directory; its names are relative to it.
-    let _ = parquet("", "rank = 0\nworld = 1\n", true);
+    put_parquet();
     let rows_of = |f: &str| -> u64 {
         let text =
             format!("source = \"s3://{BUCKET}/split-pq/{f}.parquet\"\nformat = \"parquet\"\n");
