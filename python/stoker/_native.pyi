@@ -44,6 +44,9 @@ class Buffer:
 @final
 def close_python_calls(timeout_s: float) -> None: ...
 
+# The batch-buffer recycler: (batches stacked into a collected batch's memory, idle bytes).
+def batch_buffers() -> tuple[int, int]: ...
+
 class Pipeline:
     @staticmethod
     def from_spec(spec_json: str, store: Sequence[tuple[str, str]]) -> Pipeline: ...

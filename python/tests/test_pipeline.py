@@ -145,6 +145,32 @@ def test_tensors_are_numpy_arrays_over_stokers_memory_without_a_copy(s3, prefix)
     np.testing.assert_array_equal(arr.ravel(), np.arange(24, dtype=np.float32))
 
 
+def test_a_collected_batch_s_memory_goes_to_a_later_batch_and_holds_its_own_values():
+    # Batches of 2 x 1 MiB: large enough for the engine to recycle their buffers (glibc
+    # would unmap blocks above its mmap threshold, and every batch would fault its pages in
+    # afresh). Each array is dropped before the next is asked for, so later batches are
+    # stacked into collected ones' memory.
+    from stoker import _native
+
+    samples = [{"x": np.full((256, 1024), i, dtype=np.float32)} for i in range(24)]
+    before, _ = _native.batch_buffers()
+    for i, b in enumerate(stoker.from_samples(samples).batch(2)):
+        x = b.pop("x")
+        assert isinstance(x.base, stoker.Buffer) and x.base.exclusive  # zero-copy for torch
+        assert (x[0] == 2 * i).all() and (x[1] == 2 * i + 1).all()
+        del x, b
+    assert i == 11
+    reused, _ = _native.batch_buffers()
+    assert reused - before >= 6
+    # Batches kept alive are never handed out again while they live, and a run's end lets
+    # go of the idle ones.
+    kept = [b["x"] for b in stoker.from_samples(samples).batch(2)]
+    assert _native.batch_buffers() == (reused, 0)
+    assert len({k.__array_interface__["data"][0] for k in kept}) == 12
+    for i, k in enumerate(kept):
+        assert (k[0] == 2 * i).all() and (k[1] == 2 * i + 1).all()
+
+
 def test_stats_are_a_dict_of_the_engine_statistics():
     run = numbers(50).batch(10).run()
     assert len(list(run)) == 5

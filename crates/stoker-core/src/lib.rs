@@ -23,6 +23,7 @@
 mod budget;
 mod error;
 mod op;
+pub mod recycle;
 pub mod rng;
 mod sample;
 mod size;

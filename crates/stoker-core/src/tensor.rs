@@ -186,7 +186,7 @@ impl Tensor {
         let first = items
             .first()
             .ok_or_else(|| Error::invalid("cannot stack zero tensors"))?;
-        let mut data = Vec::with_capacity(first.data.len() * items.len());
+        let mut data = crate::recycle::GLOBAL.take(first.data.len() * items.len());
         for t in items {
             if t.dtype != first.dtype || t.shape != first.shape {
                 return Err(Error::invalid(format!(

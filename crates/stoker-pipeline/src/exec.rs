@@ -1337,6 +1337,8 @@ impl Drop for Run {
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
         }
+        // The batch buffers kept for this run's next batches are not needed any more.
+        stoker_core::recycle::GLOBAL.clear();
     }
 }
 

@@ -37,7 +37,7 @@ pub struct Buffer {
     /// The bytes. DLPack exports share the `Arc`, not the `Bytes`, so that the `Bytes`'
     /// own reference count still says whether anything besides this buffer (the cache,
     /// other samples) holds the memory.
-    data: Arc<Bytes>,
+    data: Arc<Owned>,
     /// The one-dimensional shape, `[len]`, pointed to by exported views.
     shape: [ffi::Py_ssize_t; 1],
     /// The one stride, `[1]`, pointed to by exported views.
@@ -58,11 +58,44 @@ impl std::fmt::Debug for Buffer {
     }
 }
 
+/// The bytes a [`Buffer`] and its DLPack exports share. When the last of them lets go of a
+/// large allocation that nothing else references (a stacked batch whose array or tensor was
+/// collected), the allocation goes back to the engine's batch recycler
+/// ([`stoker_core::recycle`]) for a later batch, instead of to the allocator: glibc unmaps
+/// blocks that large, and the next batch would fault every page in again.
+pub(crate) struct Owned(Bytes);
+
+impl std::ops::Deref for Owned {
+    type Target = Bytes;
+    fn deref(&self) -> &Bytes {
+        &self.0
+    }
+}
+
+impl Owned {
+    pub(crate) fn new(data: Bytes) -> Owned {
+        Owned(data)
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        let data = std::mem::take(&mut self.0);
+        if data.len() >= stoker_core::recycle::MIN_SIZE {
+            if let Ok(mut whole) = data.try_into_mut() {
+                // Emptied first: the conversion to a `Vec` then moves no bytes.
+                whole.clear();
+                stoker_core::recycle::GLOBAL.put(Vec::from(whole));
+            }
+        }
+    }
+}
+
 impl Buffer {
     pub(crate) fn new(data: Bytes) -> Buffer {
         let len = data.len() as ffi::Py_ssize_t;
         Buffer {
-            data: Arc::new(data),
+            data: Arc::new(Owned(data)),
             shape: [len],
             strides: [1],
             tensor: None,
@@ -79,7 +112,7 @@ impl Buffer {
 
     /// The engine's bytes (a new reference to them, no copy).
     pub(crate) fn bytes(&self) -> Bytes {
-        (*self.data).clone()
+        Bytes::clone(&self.data)
     }
 
     fn dtype_and_shape(&self) -> (DType, Vec<usize>) {

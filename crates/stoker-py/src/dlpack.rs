@@ -13,7 +13,7 @@
 //! so the struct's address is the box's), a reference to the buffer's bytes (an `Arc`
 //! clone, not a copy), and the shape and strides the struct points to. The consumer calls
 //! the struct's deleter when its tensor dies, which drops the holder and so the reference;
-//! that needs no GIL (an `Arc<Bytes>` is thread-safe), which matters because torch frees
+//! that needs no GIL (an `Arc` of the bytes is thread-safe), which matters because torch frees
 //! tensors on any thread. A capsule nobody consumed still holds its original name when Python
 //! destroys it, and its destructor then calls the deleter itself; a consumed capsule is
 //! renamed `used_...` by the consumer, and the destructor leaves it alone.
@@ -33,6 +33,8 @@ use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use stoker_core::DType;
+
+use crate::buffer::Owned;
 
 /// `kDLCPU`.
 pub(crate) const DEVICE_CPU: i32 = 1;
@@ -95,7 +97,7 @@ struct DLManagedTensorVersioned {
 #[repr(C)]
 struct Holder<M> {
     managed: M,
-    _data: Arc<Bytes>,
+    _data: Arc<Owned>,
     _shape: Vec<i64>,
     _strides: Vec<i64>,
 }
@@ -203,7 +205,7 @@ pub(crate) fn request(
 /// A DLPack capsule over `data`, a tensor of `dtype` and `shape`.
 pub(crate) fn export(
     py: Python<'_>,
-    data: &Arc<Bytes>,
+    data: &Arc<Owned>,
     dtype: DType,
     shape: &[usize],
     req: Request,
@@ -218,7 +220,7 @@ pub(crate) fn export(
         ));
     }
     let data = if copied {
-        Arc::new(Bytes::copy_from_slice(data))
+        Arc::new(Owned::new(Bytes::copy_from_slice(data)))
     } else {
         Arc::clone(data)
     };

@@ -42,17 +42,14 @@ mod wait;
 
 use pyo3::prelude::*;
 
-/// mimalloc instead of glibc malloc for the module's own allocations, as in the CLI. The
-/// reason here is batches: glibc serves every allocation above its mmap threshold (at most
-/// 32 MiB) with a fresh `mmap` and unmaps it on free, so each stacked batch of an ImageNet
-/// pipeline (64 x 224 x 224 x 3 float32, 38.5 MiB) was faulted in page by page: 385,000 page
-/// faults and 1.1-1.4 s of system time for 2,000 images, against 93,000 for the same
-/// pipeline in `stoker run` (docs/benchmarks.md, "Python: the stoker package", run 3).
-/// mimalloc keeps freed segments for reuse (built without its transparent-huge-page advice,
-/// see Cargo.toml). Only memory Rust allocates goes through it; Python's and NumPy's
-/// allocators are untouched.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// The engine's batch-buffer recycler ([`stoker_core::recycle`]): how many batches were
+/// stacked into a collected batch's memory, and the bytes kept idle now. For tests and
+/// diagnostics.
+#[pyfunction]
+fn batch_buffers() -> (u64, usize) {
+    let r = &stoker_core::recycle::GLOBAL;
+    (r.reused(), r.idle_bytes())
+}
 
 /// The native module.
 #[pymodule]
@@ -63,6 +60,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<run::PyRun>()?;
     m.add_class::<io::ObjectFile>()?;
     m.add_function(wrap_pyfunction!(pymap::close_python_calls, m)?)?;
+    m.add_function(wrap_pyfunction!(batch_buffers, m)?)?;
     m.add("DataError", py.get_type::<error::DataError>())?;
     let keys: Vec<&str> = stoker_store::OPTION_KEYS.iter().map(|(k, _)| *k).collect();
     m.add("STORE_OPTION_KEYS", keys)?;
