@@ -19,40 +19,7 @@ import numpy as np
 import pytest
 
 import stoker
-from datasets import tar_shard
-
-MODES = ["threads", "processes"]
-
-
-def workers(mode: str) -> dict[str, object]:
-    return {"workers": "processes", "processes": 2} if mode == "processes" else {"workers": "threads"}
-
-
-def norm(v: object) -> object:
-    """A value in a comparable form (memoryviews as bytes, arrays as dtype, shape, bytes)."""
-    if isinstance(v, dict):
-        return {k: norm(x) for k, x in v.items()}
-    if isinstance(v, (memoryview, bytes, bytearray)):
-        return ("bytes", bytes(v))
-    if isinstance(v, np.ndarray):
-        return ("array", v.dtype.str, v.shape, v.tobytes())
-    if isinstance(v, list):
-        return [norm(x) for x in v]
-    return v
-
-
-def write_shards(s3, prefix: str, shards: int = 3, per: int = 10) -> str:
-    for k in range(shards):
-        data = tar_shard(
-            {
-                "__key__": f"{k}-{i:03d}",
-                "txt": f"text {k} {i} {'x' * i}".encode(),
-                "bin": (np.arange(16, dtype=np.float32) + 100 * k + i).tobytes(),
-            }
-            for i in range(per)
-        )
-        s3.put(f"{prefix}shard-{k}.tar", data)
-    return f"s3://data/{prefix}"
+from datasets import MODES, norm, tar_shard, workers, write_shards
 
 
 def tar_pipeline(s3, prefix: str, **kw) -> stoker.Pipeline:

@@ -220,17 +220,24 @@ pub(crate) fn py_to_sample_named(obj: &Bound<'_, PyAny>) -> PyResult<Sample> {
         .map_err(|_| PyTypeError::new_err("a sample is a dict of fields"))?;
     let mut s = Sample::with_capacity(d.len());
     for (k, v) in d.iter() {
-        let name: String = k.extract().map_err(|_| {
-            PyTypeError::new_err(format!("field names must be str, not {}", type_name(&k)))
-        })?;
-        let value = py_to_value(&v).map_err(|e| {
-            let py = v.py();
-            let class = e.get_type(py);
-            PyErr::from_type(class, format!("field {name:?}: {}", e.value(py)))
-        })?;
+        let (name, value) = named_field(&k, &v)?;
         s.insert(name, value);
     }
     Ok(s)
+}
+
+/// One entry of a sample's or a batch's dict: its name (a `str`) and its value; an error
+/// names the field.
+fn named_field(k: &Bound<'_, PyAny>, v: &Bound<'_, PyAny>) -> PyResult<(String, Value)> {
+    let name: String = k.extract().map_err(|_| {
+        PyTypeError::new_err(format!("field names must be str, not {}", type_name(k)))
+    })?;
+    let value = py_to_value(v).map_err(|e| {
+        let py = v.py();
+        let class = e.get_type(py);
+        PyErr::from_type(class, format!("field {name:?}: {}", e.value(py)))
+    })?;
+    Ok((name, value))
 }
 
 /// A `dict` of columns as a batch of `rows` samples (what a Python function on batches
@@ -242,14 +249,7 @@ pub(crate) fn py_to_batch_named(obj: &Bound<'_, PyAny>, rows: usize) -> PyResult
         .map_err(|_| PyTypeError::new_err("a batch is a dict of columns"))?;
     let mut b = Batch::with_rows(rows);
     for (k, v) in d.iter() {
-        let name: String = k.extract().map_err(|_| {
-            PyTypeError::new_err(format!("field names must be str, not {}", type_name(&k)))
-        })?;
-        let value = py_to_value(&v).map_err(|e| {
-            let py = v.py();
-            let class = e.get_type(py);
-            PyErr::from_type(class, format!("field {name:?}: {}", e.value(py)))
-        })?;
+        let (name, value) = named_field(&k, &v)?;
         b.insert(name, value)
             .map_err(|e| PyValueError::new_err(e.message))?;
     }
