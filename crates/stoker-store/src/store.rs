@@ -539,7 +539,18 @@ impl Store {
     ) -> Result<(Option<ObjectInfo>, Bytes)> {
         let mut body = Body::open(self, key, range, etag, want_meta).await?;
         let info = body.take_info();
-        let mut buf = self.inner.pool.take(body.expected() as usize);
+        let expected = body.expected() as usize;
+        let Some(first) = body.next_chunk().await? else {
+            return Ok((info, Bytes::new()));
+        };
+        // A local file read in one chunk is already an allocation of exactly its bytes:
+        // no copy. (A network chunk may be a slice of a larger receive buffer; those are
+        // gathered into a buffer of the range's size.)
+        if body.is_local() && first.len() == expected {
+            return Ok((info, first));
+        }
+        let mut buf = self.inner.pool.take(expected);
+        buf.extend_from_slice(&first);
         while let Some(c) = body.next_chunk().await? {
             buf.extend_from_slice(&c);
         }

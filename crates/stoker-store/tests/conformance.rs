@@ -294,3 +294,36 @@ fn local_files_are_not_block_cached_unless_asked() {
     let s3 = StoreOptions::default().with_endpoint("http://127.0.0.1:1");
     assert!(Store::open("s3://bucket/", s3).unwrap().caches());
 }
+
+/// Local files are read in chunks of several MiB, each one positioned read: a part larger
+/// than a chunk, ranges across a chunk's end, and whole small files all come back intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_reads_span_chunks_and_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = pattern((9 << 20) + 123, 3); // more than two 4 MiB chunks in one 16 MiB part
+    let small = pattern(110_000, 4);
+    std::fs::write(dir.path().join("big.bin"), &big).unwrap();
+    std::fs::write(dir.path().join("small.bin"), &small).unwrap();
+    let root = dir.path().to_str().unwrap().trim_start_matches('/');
+    for part in [16 << 20, 3 << 20] {
+        let store = Store::open(
+            dir.path().to_str().unwrap(),
+            StoreOptions::default().with_part_size(part),
+        )
+        .unwrap();
+        let k = format!("{root}/big.bin");
+        assert_eq!(store.get(&k).await.unwrap(), big, "part size {part}");
+        let edge = 4u64 << 20;
+        assert_eq!(
+            store.get_range(&k, edge - 5..edge + 5).await.unwrap(),
+            big[edge as usize - 5..edge as usize + 5]
+        );
+        let n = big.len() as u64;
+        assert_eq!(
+            store.get_range(&k, n - 70_000..n).await.unwrap(),
+            big[big.len() - 70_000..]
+        );
+        let s = store.get(&format!("{root}/small.bin")).await.unwrap();
+        assert_eq!(s, small);
+    }
+}
