@@ -32,6 +32,6 @@ mod tensor;
 pub use budget::{system_memory_bytes, MemoryBudget, Reservation};
 pub use error::{Error, ErrorKind};
 pub use op::OpMeta;
-pub use sample::{Batch, Collate, CollatePolicy, Column, Columns, Sample, Value};
+pub use sample::{Batch, Collate, CollatePolicy, Column, Columns, Sample, Stacker, Value};
 pub use size::{ByteSize, ParseSizeError};
 pub use tensor::{DType, Element, Tensor};

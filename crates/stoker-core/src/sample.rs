@@ -274,14 +274,143 @@ pub struct Batch {
     fields: Vec<(Arc<str>, Value)>,
 }
 
+/// Stacks a batch's large tensor fields while its samples arrive, instead of all at once
+/// when the batch is full: each sample's tensor is copied into the batch's buffer and
+/// freed at once, so a batch being filled holds its bytes once, not twice (the samples'
+/// tensors, then the stacked copy). [`Stacker::finish`] gives exactly the batch
+/// [`Batch::collate`] gives. A field whose value in a later sample is not a tensor of the
+/// first sample's dtype and shape (or is missing) is *spilled*: the values taken so far
+/// are handed back to their samples as slices of the buffer, and the field is collated
+/// as usual, with the usual result or error.
+#[derive(Debug, Default)]
+pub struct Stacker {
+    cols: Vec<Stacking>,
+    pushed: usize,
+}
+
+#[derive(Debug)]
+struct Stacking {
+    name: Arc<str>,
+    dtype: DType,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+    /// How many samples' values are in `data` (the first `taken` pushed).
+    taken: usize,
+    spilled: bool,
+}
+
+/// Tensors smaller than this are left to [`Batch::collate`]: holding them twice costs
+/// little.
+pub const EAGER_STACK_MIN: usize = 64 << 10;
+
+/// What a taken field holds until the batch is made (no allocation).
+fn placeholder() -> Value {
+    Value::List(Vec::new())
+}
+
+impl Stacker {
+    /// A stacker for a batch of up to `size` samples (the buffer's capacity).
+    pub fn new() -> Stacker {
+        Stacker::default()
+    }
+
+    /// Samples pushed so far.
+    pub fn pushed(&self) -> usize {
+        self.pushed
+    }
+
+    /// Takes the stackable fields of the batch's next sample (`size`: the batch's size,
+    /// for the buffer's capacity). The sample must then reach [`finish`](Self::finish), in
+    /// push order, with the others.
+    pub fn push(&mut self, sample: &mut Sample, size: usize, policy: &CollatePolicy) {
+        let slot = self.pushed;
+        self.pushed += 1;
+        if slot == 0 {
+            for (name, v) in sample.fields.iter_mut() {
+                let Value::Tensor(t) = v else { continue };
+                if t.data().len() < EAGER_STACK_MIN || policy.of(name) == Collate::List {
+                    continue;
+                }
+                let mut data = crate::recycle::GLOBAL.take(t.data().len() * size.max(1));
+                data.extend_from_slice(t.data());
+                self.cols.push(Stacking {
+                    name: name.clone(),
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                    data,
+                    taken: 1,
+                    spilled: false,
+                });
+                *v = placeholder();
+            }
+            return;
+        }
+        for c in self.cols.iter_mut().filter(|c| !c.spilled) {
+            match sample.get_mut(&c.name) {
+                Some(v @ Value::Tensor(_)) => {
+                    let Value::Tensor(t) = &*v else {
+                        unreachable!()
+                    };
+                    if t.dtype() == c.dtype && t.shape() == c.shape.as_slice() {
+                        c.data.extend_from_slice(t.data());
+                        c.taken += 1;
+                        *v = placeholder();
+                    } else {
+                        c.spilled = true;
+                    }
+                }
+                _ => c.spilled = true,
+            }
+        }
+    }
+
+    /// The batch of `samples` (those pushed, in order), as [`Batch::collate`] makes it.
+    pub fn finish(self, samples: &mut [Sample], policy: &CollatePolicy) -> Result<Batch, Error> {
+        assert_eq!(samples.len(), self.pushed, "every sample pushed, none more");
+        let mut stacked = Vec::new();
+        for c in self.cols {
+            let n = c.data.len() / c.taken.max(1);
+            if c.spilled {
+                let data = Bytes::from(c.data);
+                for (j, s) in samples.iter_mut().take(c.taken).enumerate() {
+                    let t = Tensor::new(c.dtype, c.shape.clone(), data.slice(j * n..(j + 1) * n))?;
+                    if let Some(v) = s.get_mut(&c.name) {
+                        *v = Value::Tensor(t);
+                    }
+                }
+            } else {
+                let mut shape = vec![c.taken];
+                shape.extend_from_slice(&c.shape);
+                let t = Tensor::new(c.dtype, shape, Bytes::from(c.data))?;
+                stacked.push((c.name, t));
+            }
+        }
+        Batch::collate_with(samples, policy, stacked)
+    }
+}
+
 impl Batch {
     /// Collates `samples` under `policy`. Every sample must have the same field names.
     pub fn collate(samples: &[Sample], policy: &CollatePolicy) -> Result<Batch, Error> {
+        Batch::collate_with(samples, policy, Vec::new())
+    }
+
+    /// [`collate`](Self::collate), with the columns in `stacked` already made.
+    fn collate_with(
+        samples: &[Sample],
+        policy: &CollatePolicy,
+        mut stacked: Vec<(Arc<str>, Tensor)>,
+    ) -> Result<Batch, Error> {
         let first = samples
             .first()
             .ok_or_else(|| Error::invalid("cannot collate an empty batch"))?;
         let mut fields = Vec::with_capacity(first.len());
         for (name, _) in first.iter() {
+            if let Some(i) = stacked.iter().position(|(n, _)| n == name) {
+                let (n, t) = stacked.swap_remove(i);
+                fields.push((n, Value::Tensor(t)));
+                continue;
+            }
             let mut column = Vec::with_capacity(samples.len());
             for s in samples {
                 let v = s.get(name).ok_or_else(|| {
@@ -703,6 +832,78 @@ fn collate_column(name: &str, col: &[&Value], how: Collate) -> Result<Value, Err
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The batch a [`Stacker`] makes of `samples` (as the batch stage feeds it).
+    fn eager(samples: &[Sample], size: usize, policy: &CollatePolicy) -> Result<Batch, Error> {
+        let mut samples = samples.to_vec();
+        let mut st = Stacker::new();
+        for s in &mut samples {
+            st.push(s, size, policy);
+        }
+        assert_eq!(st.pushed(), samples.len());
+        st.finish(&mut samples, policy)
+    }
+
+    #[test]
+    fn eager_stacking_makes_the_batch_collate_makes() {
+        let big = EAGER_STACK_MIN / 4 + 3; // f32 elements: above the threshold
+        let policies = [
+            CollatePolicy::default(),
+            CollatePolicy {
+                default: Collate::Stack,
+                fields: vec![],
+            },
+            CollatePolicy {
+                default: Collate::Pad(-1.0),
+                fields: vec![],
+            },
+            CollatePolicy {
+                default: Collate::Auto,
+                fields: vec![("x".into(), Collate::List)],
+            },
+        ];
+        // Each case: the samples of one batch.
+        let mut cases: Vec<Vec<Sample>> = Vec::new();
+        cases.push((0..5).map(|i| sample(i, big)).collect());
+        // Another shape at slot 3: spilled after three were taken.
+        cases.push((0..5).map(|i| sample(i, big + (i == 3) as usize)).collect());
+        // Another kind, another dtype, a missing field at slot 2.
+        let mut c: Vec<Sample> = (0..4).map(|i| sample(i, big)).collect();
+        c[2].insert("x", 7i64);
+        cases.push(c);
+        let mut c: Vec<Sample> = (0..4).map(|i| sample(i, big)).collect();
+        c[2].insert(
+            "x",
+            Tensor::from_slice(vec![big], &vec![2.0f64; big]).unwrap(),
+        );
+        cases.push(c);
+        let mut c: Vec<Sample> = (0..4).map(|i| sample(i, big)).collect();
+        c[2].remove("x");
+        cases.push(c);
+        // Small tensors are left to collate; one sample alone.
+        cases.push((0..4).map(|i| sample(i, 8)).collect());
+        cases.push(vec![sample(9, big)]);
+        for (n, case) in cases.iter().enumerate() {
+            for p in &policies {
+                let want = Batch::collate(case, p);
+                // A last, short batch (size 8) and a full one.
+                for size in [case.len(), 8] {
+                    let got = eager(case, size, p);
+                    match (&want, &got) {
+                        (Ok(a), Ok(b)) => assert_eq!(a, b, "case {n}, {p:?}"),
+                        (Err(a), Err(b)) => assert_eq!(a.message, b.message, "case {n}, {p:?}"),
+                        _ => panic!("case {n}, {p:?}: {want:?} against {got:?}"),
+                    }
+                }
+            }
+        }
+        // The eager path did stack the first case (one buffer, not a list).
+        let b = eager(&cases[0], 5, &policies[0]).unwrap();
+        match b.get("x") {
+            Some(Value::Tensor(t)) => assert_eq!(t.shape(), &[5, big]),
+            other => panic!("{other:?}"),
+        }
+    }
 
     fn sample(i: i64, len: usize) -> Sample {
         let mut s = Sample::new();

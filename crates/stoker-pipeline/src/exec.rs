@@ -65,7 +65,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
-use stoker_core::{Batch, CollatePolicy, Error, MemoryBudget, Reservation, Sample};
+use stoker_core::{Batch, CollatePolicy, Error, MemoryBudget, Reservation, Sample, Stacker};
 
 use crate::ops::Builtin;
 use crate::ops::{OpContext, SampleOp};
@@ -1779,6 +1779,8 @@ enum Stage {
         drop_last: bool,
         collate: CollatePolicy,
         partial: Vec<(Element, CutFrom)>,
+        /// The partial batch's large tensors, stacked as they arrive.
+        stacker: Stacker,
     },
     Pack(Box<PackStage>),
     /// The batch being cut and how many of its samples were handed on.
@@ -2199,9 +2201,13 @@ impl TailRun<'_> {
                 }
                 TailOp::Batch(n, d, c) => {
                     let mut partial = Vec::with_capacity(keys[i].len());
+                    let mut stacker = Stacker::new();
                     for k in &keys[i] {
                         match self.remake(k, i, &got)? {
-                            Flow::Elem(el, cut) => partial.push((el, cut)),
+                            Flow::Elem(mut el, cut) => {
+                                stacker.push(&mut el.sample, *n, c);
+                                partial.push((el, cut));
+                            }
                             Flow::Batch(..) => return Err(foreign_state("a batch of batches")),
                         }
                     }
@@ -2210,6 +2216,7 @@ impl TailRun<'_> {
                         drop_last: *d,
                         collate: c.clone(),
                         partial,
+                        stacker,
                     }
                 }
                 TailOp::Pack(p) => Stage::Pack(Box::new(match st {
@@ -2395,7 +2402,7 @@ impl TailRun<'_> {
                 Flow::Batch(..) => return Err(foreign_state("a batch of batches")),
             }
         }
-        let Flow::Batch(mut batch, _, hold) = collate_elems(elems, collate)? else {
+        let Flow::Batch(mut batch, _, hold) = collate_elems(elems, None, collate)? else {
             unreachable!("collate_elems makes a batch")
         };
         let first = members.first().map_or(
@@ -2831,13 +2838,16 @@ impl TailRun<'_> {
                 size,
                 collate,
                 partial,
+                stacker,
                 ..
             } => match item {
-                Flow::Elem(el, cut) => {
+                Flow::Elem(mut el, cut) => {
+                    stacker.push(&mut el.sample, *size, collate);
                     partial.push((el, cut));
                     if partial.len() == *size {
                         let members = std::mem::take(partial);
-                        match collate_elems(members, collate) {
+                        let st = std::mem::take(stacker);
+                        match collate_elems(members, Some(st), collate) {
                             Ok(f) => outs.push(f),
                             Err(e) => err = Some(e),
                         }
@@ -2960,13 +2970,15 @@ impl TailRun<'_> {
                     partial,
                     drop_last,
                     collate,
+                    stacker,
                     ..
                 } if !partial.is_empty() => {
                     let members = std::mem::take(partial);
+                    let st = std::mem::take(stacker);
                     if *drop_last {
                         break;
                     }
-                    match collate_elems(members, collate) {
+                    match collate_elems(members, Some(st), collate) {
                         Ok(f) => f,
                         Err(e) => {
                             self.error(e);
@@ -3070,7 +3082,13 @@ fn locate(ds: &Dataset, e: Error, pos: Pos) -> Error {
     }
 }
 
-fn collate_elems(members: Vec<(Element, CutFrom)>, collate: &CollatePolicy) -> Result<Flow, Error> {
+/// The batch of `members`; `stacker`, when given, has been pushed every member's sample
+/// in order (the batch stage's eager stacking).
+fn collate_elems(
+    members: Vec<(Element, CutFrom)>,
+    stacker: Option<Stacker>,
+    collate: &CollatePolicy,
+) -> Result<Flow, Error> {
     let keys = members.iter().map(|(e, c)| Key::of_elem(e, c)).collect();
     let mut hold: Option<Reservation> = None;
     let mut samples = Vec::with_capacity(members.len());
@@ -3083,7 +3101,10 @@ fn collate_elems(members: Vec<(Element, CutFrom)>, collate: &CollatePolicy) -> R
             }
         }
     }
-    let b = Batch::collate(&samples, collate)?;
+    let b = match stacker {
+        Some(st) => st.finish(&mut samples, collate)?,
+        None => Batch::collate(&samples, collate)?,
+    };
     Ok(Flow::Batch(b, keys, hold))
 }
 
