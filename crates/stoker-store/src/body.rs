@@ -294,32 +294,20 @@ fn file_stream(
 }
 
 /// Fills `buf` from `file` at `pos`; shortened only at the end of the file.
-#[cfg(unix)]
 fn read_at(file: &std::fs::File, pos: u64, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
+    #[cfg(unix)]
+    let read = |b: &mut [u8], at: u64| std::os::unix::fs::FileExt::read_at(file, b, at);
+    #[cfg(not(unix))]
+    let read = |b: &mut [u8], at: u64| {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = file;
+        f.seek(SeekFrom::Start(at))?;
+        f.read(b)
+    };
     let n = buf.len();
     let mut got = 0;
     while got < n {
-        match file.read_at(&mut buf[got..], pos + got as u64) {
-            Ok(0) => break,
-            Ok(k) => got += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    buf.truncate(got);
-    Ok(buf)
-}
-
-#[cfg(not(unix))]
-fn read_at(file: &std::fs::File, pos: u64, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = file;
-    f.seek(SeekFrom::Start(pos))?;
-    let n = buf.len();
-    let mut got = 0;
-    while got < n {
-        match f.read(&mut buf[got..]) {
+        match read(&mut buf[got..], pos + got as u64) {
             Ok(0) => break,
             Ok(k) => got += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
