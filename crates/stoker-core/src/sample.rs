@@ -309,7 +309,7 @@ fn placeholder() -> Value {
 }
 
 impl Stacker {
-    /// A stacker for a batch of up to `size` samples (the buffer's capacity).
+    /// A stacker for one batch (the first [`push`](Self::push) sizes its buffers).
     pub fn new() -> Stacker {
         Stacker::default()
     }
@@ -346,18 +346,13 @@ impl Stacker {
             return;
         }
         for c in self.cols.iter_mut().filter(|c| !c.spilled) {
+            let fits = |v: &Value| matches!(v, Value::Tensor(t) if t.dtype() == c.dtype && t.shape() == c.shape.as_slice());
             match sample.get_mut(&c.name) {
-                Some(v @ Value::Tensor(_)) => {
-                    let Value::Tensor(t) = &*v else {
-                        unreachable!()
-                    };
-                    if t.dtype() == c.dtype && t.shape() == c.shape.as_slice() {
+                Some(v) if fits(v) => {
+                    if let Value::Tensor(t) = std::mem::replace(v, placeholder()) {
                         c.data.extend_from_slice(t.data());
-                        c.taken += 1;
-                        *v = placeholder();
-                    } else {
-                        c.spilled = true;
                     }
+                    c.taken += 1;
                 }
                 _ => c.spilled = true,
             }
