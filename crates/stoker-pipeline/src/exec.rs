@@ -900,16 +900,26 @@ impl Run {
     fn start(p: &Pipeline, state: Option<PipelineState>) -> Result<Run, Error> {
         p.validate()?;
         let runtime = io_runtime()?;
-        let budget = match p.options.memory_limit {
+        let memory_limit = p.memory_limit();
+        let budget = match memory_limit {
             Some(l) => MemoryBudget::new(l),
             None => MemoryBudget::from_system(),
         };
+        if let Some(s) = &state {
+            if s.epoch < p.first_epoch {
+                return Err(Error::invalid(format!(
+                    "this state is at epoch {}, before the pipeline's first epoch {}: resume \
+                     it with the first_epoch of the run it came from",
+                    s.epoch, p.first_epoch
+                )));
+            }
+        }
         let mut ds = Dataset::resolve(
             &p.source,
             &p.format,
             runtime.handle(),
             Some(budget.clone()),
-            p.options.memory_limit,
+            memory_limit,
             p.epochs.is_some_and(|e| e <= 1),
         )?;
         if p.cache {
@@ -1030,7 +1040,7 @@ impl Run {
         let start_state = state.clone().unwrap_or(PipelineState {
             version: STATE_VERSION,
             seed: p.seed,
-            epoch: 0,
+            epoch: p.first_epoch,
             cursor: SourceCursor::default(),
             stages: ph
                 .tail
@@ -1120,7 +1130,9 @@ impl Run {
             ph_tail: ph.tail.clone(),
             producer,
             seed: p.seed,
-            epochs: p.epochs,
+            first_epoch: p.first_epoch,
+            // The epoch to stop at, counted from the first.
+            epochs: p.epochs.map(|n| p.first_epoch.saturating_add(n)),
             policy: p.options.errors,
             deterministic: p.options.deterministic,
             window: window as u64,
@@ -1858,6 +1870,9 @@ struct TailCtx {
     ph_tail: Vec<TailOp>,
     producer: Arc<Vec<(usize, Arc<dyn SampleOp>)>>,
     seed: u64,
+    /// The epoch a run from the beginning starts at.
+    first_epoch: u64,
+    /// The epoch it stops before (`None`: never).
     epochs: Option<u64>,
     policy: ErrorPolicy,
     deterministic: bool,
@@ -1898,7 +1913,7 @@ impl TailCtx {
         out_tx: Sender<Vec<OutMsg>>,
         (par_tx, par_rx): (Sender<ParWork>, Receiver<ParDone>),
     ) {
-        let start_epoch = self.state.as_ref().map_or(0, |s| s.epoch);
+        let start_epoch = self.state.as_ref().map_or(self.first_epoch, |s| s.epoch);
         let mut epoch = start_epoch;
         let mut tuner = Tuner::new(&self);
         loop {

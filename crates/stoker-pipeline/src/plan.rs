@@ -250,6 +250,7 @@ pub struct Pipeline {
     pub(crate) shard_index: Option<String>,
     pub(crate) ops: Vec<Op>,
     pub(crate) epochs: Option<u64>,
+    pub(crate) first_epoch: u64,
     pub(crate) seed: u64,
     pub(crate) options: RunOptions,
 }
@@ -270,6 +271,7 @@ impl Pipeline {
             shard_index: None,
             ops: Vec::new(),
             epochs: Some(1),
+            first_epoch: 0,
             seed: 0,
             options: RunOptions::default(),
         }
@@ -466,6 +468,17 @@ impl Pipeline {
         self
     }
 
+    /// Runs begin at epoch `k` (default 0): the shard order, the shuffle buffer and the
+    /// random operators draw as in epoch `k` of a run from epoch 0, and with
+    /// [`epochs`](Self::epochs)`(Some(n))` the run reads epochs `k..k + n`. So a loop that
+    /// starts one run per epoch (`first_epoch(e)`, one epoch each) reads exactly what one
+    /// run of `e + 1` epochs reads. A state from [`Run::state`](crate::Run::state) records
+    /// its epoch, so resume it with the same `first_epoch`.
+    pub fn first_epoch(mut self, k: u64) -> Self {
+        self.first_epoch = k;
+        self
+    }
+
     /// The seed of every random choice.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = seed;
@@ -476,6 +489,15 @@ impl Pipeline {
     pub fn options(mut self, options: RunOptions) -> Self {
         self.options = options;
         self
+    }
+
+    /// The memory limit of a run: the run options', else the source store's
+    /// (`memory_limit` among a URL's store options), else none (a share of the system's).
+    pub(crate) fn memory_limit(&self) -> Option<u64> {
+        self.options.memory_limit.or(match &self.source {
+            Source::Url { options, .. } => options.memory_limit,
+            _ => None,
+        })
     }
 
     /// Checks the plan before running.

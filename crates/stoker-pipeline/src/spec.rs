@@ -7,6 +7,7 @@
 //! format = "tar"                     # files | imagefolder | tar | tfrecord | parquet | jsonl | csv
 //! seed = 1
 //! epochs = 1
+//! first_epoch = 0                   # a run starts at this epoch (its random choices)
 //! shuffle_shards = true
 //! interleave = 4                     # shards read at once
 //!
@@ -77,6 +78,9 @@ pub struct PipelineSpec {
     /// Epochs (default 1; 0 means forever).
     #[serde(default = "one")]
     pub epochs: u64,
+    /// The epoch a run starts at (default 0): its random choices are that epoch's.
+    #[serde(default)]
+    pub first_epoch: u64,
     /// Shuffle shard (or object) order each epoch.
     #[serde(default)]
     pub shuffle_shards: bool,
@@ -198,8 +202,12 @@ impl OptionsSpec {
 }
 
 /// One operator of the spec.
+///
+/// Deserialized by its `op` name first, so that a wrong or missing parameter is reported
+/// for that operator (`operator "resize": missing field `size``) rather than as no variant
+/// matching.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
+#[serde(remote = "Self", tag = "op", rename_all = "snake_case")]
 pub enum OpSpec {
     /// A shuffle buffer.
     Shuffle {
@@ -249,9 +257,41 @@ pub enum OpSpec {
         /// How many.
         n: usize,
     },
-    /// A built-in per-sample operator.
-    #[serde(untagged)]
+    /// A built-in per-sample operator (deserialized by [`Builtin`]'s own derive, see
+    /// below).
+    #[serde(skip_deserializing)]
     Builtin(Builtin),
+}
+
+/// The operators that are stages of the pipeline rather than [`Builtin`] per-sample ones.
+const STAGE_OPS: [&str; 8] = [
+    "shuffle", "batch", "pack", "unbatch", "take", "skip", "cache", "prefetch",
+];
+
+impl<'de> Deserialize<'de> for OpSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let v = serde_json::Value::deserialize(d)?;
+        let name = match v.get("op") {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "an operator's `op` is its name, a string, not {other}"
+                )))
+            }
+            None => {
+                return Err(D::Error::custom(format!(
+                    "an operator needs `op = \"name\"`: {v}"
+                )))
+            }
+        };
+        let parsed = if STAGE_OPS.contains(&name.as_str()) {
+            OpSpec::deserialize(v)
+        } else {
+            Builtin::deserialize(v).map(OpSpec::Builtin)
+        };
+        parsed.map_err(|e| D::Error::custom(format!("operator {name:?}: {e}")))
+    }
 }
 
 impl OpSpec {
@@ -407,6 +447,7 @@ impl PipelineSpec {
             .shuffle_shards(self.shuffle_shards)
             .interleave(self.interleave)
             .seed(self.seed)
+            .first_epoch(self.first_epoch)
             .epochs((self.epochs > 0).then_some(self.epochs));
         if let Some(g) = &self.glob {
             p = p.glob(g.clone());
@@ -471,9 +512,40 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            e.contains("did not match") || e.contains("decode_png"),
+            e.contains("operator \"decode_png\": unknown variant `decode_png`"),
             "{e}"
         );
+        // A wrong or missing parameter is reported for its operator, stage or per-sample.
+        let op_err = |op: serde_json::Value| {
+            serde_json::from_value::<OpSpec>(op)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = op_err(serde_json::json!({"op": "to_tensor", "field": "x", "shap": [2]}));
+        assert!(
+            e.starts_with("operator \"to_tensor\": unknown field `shap`, expected one of"),
+            "{e}"
+        );
+        let e = op_err(serde_json::json!({"op": "resize", "field": "x"}));
+        assert_eq!(e, "operator \"resize\": missing field `size`");
+        let e = op_err(serde_json::json!({"op": "batch", "sise": 4}));
+        assert!(e.starts_with("operator \"batch\": "), "{e}");
+        assert!(
+            e.contains("sise") || e.contains("missing field `size`"),
+            "{e}"
+        );
+        let e = op_err(serde_json::json!({"op": 3}));
+        assert!(e.contains("not 3"), "{e}");
+        let e = op_err(serde_json::json!({"field": "x"}));
+        assert!(e.contains("needs `op"), "{e}");
+        // And a TOML spec says where.
+        let e = toml::from_str::<PipelineSpec>(
+            "source = \"x\"\nformat = \"files\"\n[[ops]]\nop = \"resize\"\nfield = \"x\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("missing field `size`"), "{e}");
+        assert!(e.contains("line 3"), "{e}");
         let spec: PipelineSpec =
             serde_json::from_value(serde_json::json!({"source": "x", "format": "avro"})).unwrap();
         let e = spec.build(StoreOptions::default()).unwrap_err().to_string();

@@ -337,7 +337,7 @@ impl crate::Pipeline {
             &self.format,
             runtime.handle(),
             None,
-            self.options.memory_limit,
+            self.memory_limit(),
             true,
         )?;
         let counts = if ds.per_object {

@@ -59,6 +59,26 @@ fn maps_after_the_shuffle_and_the_batch_hold_the_pipeline_within_its_budget() {
     held_within_the_budget(big().shuffle(4).map(KeepAll).batch(2, false).map(KeepAll));
 }
 
+#[test]
+fn a_memory_limit_among_the_store_options_is_the_run_s_budget() {
+    // `memory_limit` given with the store's options (as `stoker.from_url(...,
+    // memory_limit=...)` and a spec's `[store]` table give it) bounds the run like the run
+    // option; the run option wins when both are set.
+    let opts = store_options()
+        .with_cache_memory(0)
+        .with_memory_limit(24 << 20);
+    let p = Pipeline::from_url(&format!("s3://{BUCKET}/big/"), opts, FormatChoice::Files);
+    big(); // the objects
+    let mut run = p.clone().run().unwrap();
+    run.next().unwrap().unwrap();
+    assert_eq!(run.stats().memory.2, 24 << 20);
+    drop(run);
+    let both = p.options(RunOptions::default().with_memory_limit(16 << 20));
+    let mut run = both.run().unwrap();
+    run.next().unwrap().unwrap();
+    assert_eq!(run.stats().memory.2, 16 << 20);
+}
+
 fn held_within_the_budget(p: Pipeline) {
     let limit: u64 = 24 << 20;
     let p = p.options(

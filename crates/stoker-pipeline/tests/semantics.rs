@@ -96,6 +96,52 @@ fn a_shuffle_is_a_permutation_and_differs_across_epochs_and_seeds() {
 }
 
 #[test]
+fn runs_from_a_first_epoch_read_what_one_longer_run_reads() {
+    let p = shards()
+        .interleave(2)
+        .shuffle_shards(true)
+        .map(Builtin::RandomInt {
+            to: "r".into(),
+            below: 1_000_000,
+        })
+        .shuffle(30)
+        .seed(4);
+    let items = |p: &stoker_pipeline::Pipeline| -> Vec<Item> {
+        p.run().unwrap().map(Result::unwrap).collect()
+    };
+    let whole = items(&p.clone().epochs(Some(3)));
+    // One run per epoch, each from its first epoch, is the same stream of samples and
+    // random draws; two epochs from epoch 1 are its second and third.
+    let per_epoch: Vec<Item> = (0..3)
+        .flat_map(|e| items(&p.clone().first_epoch(e)))
+        .collect();
+    assert_eq!(per_epoch, whole);
+    assert_eq!(
+        items(&p.clone().first_epoch(1).epochs(Some(2))),
+        whole[203..].to_vec()
+    );
+    // A state taken in such a run resumes with the same first epoch, and a state from
+    // before it is refused.
+    let from1 = p.clone().first_epoch(1);
+    let mut run = from1.run().unwrap();
+    for _ in 0..50 {
+        run.next().unwrap().unwrap();
+    }
+    let state = run.state().unwrap();
+    assert_eq!(state.epoch, 1);
+    drop(run);
+    let rest: Vec<Item> = from1.resume(&state).unwrap().map(Result::unwrap).collect();
+    assert_eq!(rest, whole[203 + 50..406].to_vec());
+    let e = from1
+        .clone()
+        .first_epoch(2)
+        .resume(&state)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("before the pipeline's first epoch 2"), "{e}");
+}
+
+#[test]
 fn every_rank_gets_the_same_number_of_samples() {
     for policy in [RankPolicy::Drop, RankPolicy::Pad] {
         for world in 1..=8u32 {

@@ -153,8 +153,8 @@ impl PyPipeline {
     /// `kind` is `"map"` (a per-sample operator), `"filter"` (one that may drop samples) or
     /// `"any"` (any operator the spec knows).
     fn op(&self, py: Python<'_>, op_json: &str, kind: &str) -> PyResult<Self> {
-        let op: OpSpec = serde_json::from_str(op_json)
-            .map_err(|e| invalid(format!("not an operator {op_json}: {e}")))?;
+        let op: OpSpec =
+            serde_json::from_str(op_json).map_err(|e| invalid(format!("{e} (in {op_json})")))?;
         match (kind, &op) {
             ("any", _) => {}
             ("map", OpSpec::Builtin(_)) => {}
@@ -351,6 +351,10 @@ impl PyPipeline {
 
     fn seed(&self, seed: u64) -> Self {
         self.with(|p| p.seed(seed))
+    }
+
+    fn first_epoch(&self, k: u64) -> Self {
+        self.with(|p| p.first_epoch(k))
     }
 
     /// Changes the given run options, keeping the others.
