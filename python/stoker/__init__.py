@@ -112,8 +112,9 @@ class Pipeline:
 
         ``op`` a callable: a Python function on a sample, ``fn(sample: dict) -> dict | None``
         (``None`` drops the sample), with the keywords ``workers="processes"`` (default: a
-        pool of ``processes`` worker processes, default the pipeline's thread count,
-        samples passed through shared memory; ``fn`` must pickle) or ``workers="threads"``
+        pool of ``processes`` worker processes, by default one per engine thread of the
+        run, each started when that many calls are in flight at once; samples passed
+        through shared memory; ``fn`` must pickle) or ``workers="threads"``
         (called on the engine's threads: for functions that release the GIL, NumPy-heavy
         ones). With ``seeded=True`` the function is called as ``fn(sample, rng)``, ``rng`` a
         ``numpy.random.Generator`` seeded for this sample by the pipeline (its seed, the
@@ -164,12 +165,14 @@ class Pipeline:
             return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages)
         if workers != "processes":
             raise ValueError(f'workers must be "processes" or "threads", not {workers!r}')
-        n = int(processes) if processes is not None else int(self.run_options["threads"])
+        # The pool's size is the run's business (its engine threads) unless given here.
+        n = int(processes) if processes is not None else None
         if processes is not None:
             kwargs["processes"] = processes
         stage = _pymap.ProcessStage(fn, n, filter)
-        native = self._p.py_op(stage, f"{kind}({qualname}, processes={n}{label})", qualname, filter,
-                               "processes", seeded)
+        size = "auto" if n is None else n
+        native = self._p.py_op(stage, f"{kind}({qualname}, processes={size}{label})", qualname,
+                               filter, "processes", seeded)
         return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages + (stage,))
 
     def apply(self, op: Mapping[str, Any], /) -> Pipeline:
@@ -270,6 +273,51 @@ class Pipeline:
             fn, workers=workers, processes=processes, seeded=seeded
         )
 
+    def pack(
+        self,
+        block_size: int,
+        *,
+        field: str = "input_ids",
+        separator: int | None = None,
+        remainder: str = "pad",
+        pad_id: int = 0,
+        dtype: str = "int64",
+        keys: bool = False,
+    ) -> Pipeline:
+        """Sequence packing: the token ids in ``field`` of consecutive samples (1-d integer
+        tensors, as ``tokenize`` makes them without ``pad_to``, or lists of ints), each
+        followed by ``separator`` if given, cut into blocks of ``block_size`` tokens (a
+        long document continues in the next block). A block is a sample with ``field``
+        (the ids), ``attention_mask``, ``position_ids`` (restarting in every segment) and
+        ``segment_ids``, in ``dtype`` (``"int64"`` or ``"int32"``), plus ``cu_seqlens``
+        (int32, for flash-attention's varlen kernels), ``doc_index`` and ``doc_origin``,
+        and with ``keys=True`` ``doc_keys``. The other fields are not carried over. The
+        last partial block of an epoch is padded with ``pad_id`` (``remainder="pad"``)
+        or dropped (``"drop"``). Exactly resumable like every stage; ``docs/ops.md`` has
+        the details."""
+        op: dict[str, Any] = {
+            "op": "pack",
+            "field": field,
+            "block_size": block_size,
+            "remainder": remainder,
+            "pad_id": pad_id,
+            "dtype": dtype,
+            "keys": keys,
+        }
+        if separator is not None:
+            op["separator"] = separator
+        return self._then(
+            self._p.op(to_json(op), "any"),
+            "pack",
+            block_size,
+            field=field,
+            separator=separator,
+            remainder=remainder,
+            pad_id=pad_id,
+            dtype=dtype,
+            keys=keys,
+        )
+
     def unbatch(self) -> Pipeline:
         """Splits batches back into samples."""
         return self._then(self._p.unbatch(), "unbatch")
@@ -307,6 +355,16 @@ class Pipeline:
     def seed(self, seed: int) -> Pipeline:
         """The seed of every random choice (shard order, shuffle buffer, random ops)."""
         return self._then(self._p.seed(seed), "seed", seed)
+
+    def first_epoch(self, k: int) -> Pipeline:
+        """Runs begin at epoch ``k`` (default 0): the shard order, the shuffle buffer and
+        the random operators draw as in epoch ``k`` of a run from epoch 0, and with
+        ``epochs(n)`` a run reads epochs ``k`` to ``k + n - 1``. One run per epoch with
+        ``first_epoch(e)`` therefore reads what one run of several epochs reads
+        (``stoker.torch.Dataset`` does this). Resume a state with the same ``k``."""
+        if int(k) < 0:
+            raise ValueError(f"first_epoch must be at least 0, not {k}")
+        return self._then(self._p.first_epoch(int(k)), "first_epoch", int(k))
 
     def options(
         self,
@@ -357,7 +415,8 @@ class Pipeline:
         _threads.check_fork()
         _threads.note_started()
         # Each Python stage in processes mode keeps its workers while a run holds it.
-        leases = [stage.lease() for stage in self._stages]
+        threads = int(self.run_options["threads"])
+        leases = [stage.lease(threads) for stage in self._stages]
         try:
             run = start()
         except BaseException:

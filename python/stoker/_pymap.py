@@ -395,8 +395,10 @@ class _Worker:
 class _Pool:
     """The worker processes of one stage while runs hold it."""
 
-    def __init__(self, stage: ProcessStage) -> None:
+    def __init__(self, stage: ProcessStage, size: int) -> None:
         self.stage = stage
+        # The most workers it starts (on demand, as calls come in at once).
+        self.size = size
         self.prefix = f"{_PREFIX}{os.getpid()}-{stage.id}-{next(_stage_ids)}"
         self.cond = threading.Condition()
         self.idle: list[_Worker] = []
@@ -415,7 +417,7 @@ class _Pool:
                     w = self.idle.pop()
                     self.busy.add(w)
                     return w
-                if self.started < self.stage.processes:
+                if self.started < self.size:
                     self.started += 1
                     index = self.next_index
                     self.next_index += 1
@@ -508,7 +510,7 @@ class _Lease:
 class ProcessStage:
     """A Python function run in a pool of worker processes (see the module docs)."""
 
-    def __init__(self, fn: Any, processes: int, filter: bool) -> None:
+    def __init__(self, fn: Any, processes: int | None, filter: bool) -> None:
         try:
             self.fn_pickle = pickle.dumps(fn)
         except Exception as e:
@@ -524,10 +526,11 @@ class ProcessStage:
                 "it by name, and a function defined in an interactive session cannot be "
                 "imported. Put it in a module, or use workers=\"threads\""
             )
-        if processes < 1:
+        if processes is not None and processes < 1:
             raise ValueError("processes must be at least 1")
         self.fn = fn
         self.qualname = _qualname(fn)
+        # None: as many as the run has engine threads (decided when a run starts).
         self.processes = processes
         self.filter = filter
         self.id = next(_stage_ids)
@@ -537,11 +540,15 @@ class ProcessStage:
         self._leases = 0
         self._pool: _Pool | None = None
 
-    def lease(self) -> _Lease:
+    def lease(self, threads: int) -> _Lease:
+        """A run's hold on the pool, which starts up to ``processes`` workers, or with
+        ``processes=None`` one per engine thread of the run (``threads``), each started
+        when that many calls are first in flight at once. Runs that overlap share the pool
+        the first of them sized."""
         with self._lock:
             self._leases += 1
             if self._pool is None:
-                self._pool = _Pool(self)
+                self._pool = _Pool(self, self.processes or max(1, int(threads)))
         return _Lease(self)
 
     def _release(self) -> None:

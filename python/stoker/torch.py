@@ -148,13 +148,15 @@ def distributed_rank(rank: int | None = None, world_size: int | None = None) -> 
 
 
 class _Tagged(NamedTuple):
-    """What a worker of :class:`DataLoader` sends: the item with the position after it.
-    ``item`` is ``None`` and ``done`` true at the end of the worker's run."""
+    """What a worker of :class:`DataLoader` sends: the item with the position after it
+    and the epoch it belongs to. ``item`` is ``None`` and ``done`` true at the end of the
+    worker's run."""
 
     item: Any
     split: int
     state: Any
     done: bool
+    epoch: int
 
 
 class Dataset(tud.IterableDataset):
@@ -179,6 +181,13 @@ class Dataset(tud.IterableDataset):
     Items are converted with :func:`to_torch` (``shared``, ``pin_memory``); ``to_torch=False``
     yields the run's dicts of NumPy arrays. The dataset pickles (the pipeline as its recipe),
     so it works with the "fork", "spawn" and "forkserver" start methods.
+
+    Epochs: each iteration is the next epoch, 0, 1, 2, ... (the pipeline run with
+    ``first_epoch(e)``), so the shard order, the shuffle buffer and random operators draw
+    anew every epoch, exactly as one run of the pipeline over several epochs would.
+    ``set_epoch(e)`` makes the next iteration epoch ``e`` (as ``DistributedSampler``'s);
+    it is needed only with torch's own ``DataLoader`` and workers, whose worker copies do
+    not see the iterations counted here (:class:`DataLoader` counts for its workers).
 
     ``state_dict()`` / ``load_state_dict()`` work with ``num_workers=0``; with workers use
     :class:`DataLoader`, which tracks every worker's position.
@@ -222,6 +231,18 @@ class Dataset(tud.IterableDataset):
         self.to_torch = bool(to_torch)
         # Where the next iteration starts: None, or a loader state (see DataLoader).
         self._start: dict[str, Any] | None = None
+        # The epoch the next iteration runs, in a box that shallow copies share (the copy
+        # DataLoader makes), and the epoch of the current or last iteration. A pipeline's
+        # own first_epoch(k) is where the first iteration starts; with epochs(n) each
+        # iteration reads n epochs.
+        calls = dict((name, args) for name, args, _ in pipeline._recipe)
+        self._first_epoch = int(calls["first_epoch"][0]) if "first_epoch" in calls else 0
+        self._next_epoch = [self._first_epoch]
+        n = calls["epochs"][0] if "epochs" in calls else 1
+        self._per_iteration = 1 if n is None else int(n)
+        self._epoch = 0
+        # The last iteration read its whole share (so its state is the next epoch's start).
+        self._finished = False
         # Set by DataLoader for worker processes: send _Tagged items.
         self._tagged = False
         self._run: Any = None
@@ -242,6 +263,18 @@ class Dataset(tud.IterableDataset):
         """The pipeline that worker ``part`` of this rank's ``parts`` workers runs (``0``
         of ``1`` without workers): this rank's share, dealt out to the workers."""
         return self.pipeline.shard(self.rank, self.world_size, self.policy, part=part, parts=parts)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration is epoch ``epoch`` (its shard order, shuffle and random
+        draws); later ones follow it, ``epoch + 1``, ... ."""
+        if int(epoch) < 0:
+            raise ValueError(f"epoch must be at least 0, not {epoch}")
+        self._next_epoch[0] = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration runs."""
+        return self._next_epoch[0]
 
     def _convert(self, item: Any, in_worker: bool) -> Any:
         if not self.to_torch:
@@ -272,36 +305,44 @@ class Dataset(tud.IterableDataset):
         start = self._start
         entry = None
         offset = 0
+        epoch = self._next_epoch[0]
         if start is not None:
             self._check_state(start, workers)
             offset = start["next_worker"]
-            if info is None:
-                self._start = None  # used up: the next iteration starts at the beginning
+            epoch = start.get("epoch", 0)
+            # Used up: the next iteration starts at the beginning of the next epoch (a
+            # persistent DataLoader worker keeps this object from epoch to epoch).
+            self._start = None
+        self._epoch = epoch
+        self._next_epoch[0] = epoch + self._per_iteration
+        self._finished = False
         # After a resume, torch's worker j takes the part that was next in turn, so the
         # loader's round-robin over workers continues in the original order.
         part = (worker + offset) % workers
         if start is not None:
             entry = start["splits"].get(str(part))
         self._split = (part, workers)
-        p = self.pipeline_for(part, workers)
+        p = self.pipeline_for(part, workers).first_epoch(epoch)
         if entry is not None and entry.get("done"):
             self._run = None
+            self._finished = True
             return iter(())
         run = p.resume(entry["state"]) if entry is not None else p.run()
         self._run = run
-        return self._items(run, part, info is not None)
+        return self._items(run, part, info is not None, epoch)
 
-    def _items(self, run: Any, part: int, in_worker: bool) -> Iterator[Any]:
+    def _items(self, run: Any, part: int, in_worker: bool, epoch: int) -> Iterator[Any]:
         tagged = self._tagged and in_worker
         try:
             for item in run:
                 out = self._convert(item, in_worker)
                 if tagged:
-                    yield _Tagged(out, part, run.state_dict(), False)
+                    yield _Tagged(out, part, run.state_dict(), False, epoch)
                 else:
                     yield out
+            self._finished = True
             if tagged:
-                yield _Tagged(None, part, None, True)
+                yield _Tagged(None, part, None, True, epoch)
         finally:
             # The position stays readable after the run is closed (state_dict() after the
             # epoch, or after the loader dropped its iterator).
@@ -328,12 +369,15 @@ class Dataset(tud.IterableDataset):
                 f"resume with the same number, not {workers}"
             )
 
-    def _make_state(self, splits: dict[str, Any], next_worker: int, workers: int) -> dict[str, Any]:
+    def _make_state(
+        self, splits: dict[str, Any], next_worker: int, workers: int, epoch: int
+    ) -> dict[str, Any]:
         return {
             "version": _STATE_VERSION,
             "rank": self.rank,
             "world_size": self.world_size,
             "num_workers": workers,
+            "epoch": epoch,
             "next_worker": next_worker,
             "splits": splits,
         }
@@ -342,10 +386,12 @@ class Dataset(tud.IterableDataset):
         """The position after the last item this process's iteration yielded (JSON-able);
         before any iteration, the state it would start at. Only without workers: with
         ``num_workers > 0`` the runs are in the workers, so use :class:`DataLoader`."""
-        if self._run is None:
-            if self._start is not None:
-                return copy.deepcopy(self._start)
-            return self._make_state({}, 0, 1)
+        if self._start is not None:
+            return copy.deepcopy(self._start)
+        if self._run is None or self._finished:
+            # Before any iteration, or after one that read everything: the next epoch's
+            # start.
+            return self._make_state({}, 0, 1, self._next_epoch[0])
         try:
             if self._run.closed and self._last_state is not None:
                 state = self._last_state
@@ -355,13 +401,14 @@ class Dataset(tud.IterableDataset):
             raise RuntimeError(
                 f"{e}; with DataLoader workers use stoker.torch.DataLoader's state_dict()"
             ) from None
-        return self._make_state({"0": {"state": state, "done": False}}, 0, 1)
+        return self._make_state({"0": {"state": state, "done": False}}, 0, 1, self._epoch)
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
-        """The next iteration starts at ``state`` (from ``state_dict()``), once; ``None``
-        goes back to the beginning."""
+        """The next iteration starts at ``state`` (from ``state_dict()``), once, in the
+        state's epoch; ``None`` goes back to the beginning of the first epoch."""
         if state is None:
             self._start = None
+            self._next_epoch[0] = self._first_epoch
             return
         if not isinstance(state, Mapping) or state.get("version") != _STATE_VERSION:
             raise ValueError("not a stoker.torch state (from state_dict())")
@@ -375,6 +422,13 @@ def _unwrap_worker_item(
 ) -> tuple[bool, Any]:
     if not isinstance(item, _Tagged):
         raise TypeError("stoker.torch.DataLoader's workers sent an untagged item")
+    if item.epoch != loader._epoch:
+        raise RuntimeError(
+            f"a DataLoader worker ran epoch {item.epoch} where the loader is at epoch "
+            f"{loader._epoch}: with persistent_workers=True the workers count epochs "
+            "themselves, so set_epoch() and load_state_dict() cannot reach them once they "
+            "have started; use persistent_workers=False to change the epoch or position"
+        )
     loader._positions[str(item.split)] = {"state": item.state, "done": item.done}
     if item.done:
         return False, None
@@ -395,6 +449,10 @@ class DataLoader(tud.DataLoader):
     ``pin_memory=True`` pins the tensors when CUDA is available (a copy into pinned memory;
     in the worker-less path by :func:`to_torch`, else by torch's pinning thread), and
     otherwise warns once and does nothing.
+
+    Each iteration is the dataset's next epoch (see :class:`Dataset`), also with workers;
+    ``set_epoch(e)`` (of the loader or of its dataset) picks the next one. State dicts
+    record the epoch: a state taken after an epoch ended resumes at the next one's start.
     """
 
     def __init__(self, dataset: Dataset, num_workers: int = 0, **kwargs: Any) -> None:
@@ -433,24 +491,43 @@ class DataLoader(tud.DataLoader):
         self._positions: dict[str, Any] = {}
         self._last_part: int | None = None
         self._workers = max(1, num_workers)
+        # The epoch of the current or last iteration with workers.
+        self._epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration is epoch ``epoch`` (see :meth:`Dataset.set_epoch`)."""
+        self.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration runs."""
+        return self.dataset.epoch  # type: ignore[attr-defined, no-any-return]
 
     def __iter__(self) -> Iterator[Any]:
         ds: Dataset = self.dataset  # type: ignore[assignment]
+        if self.num_workers == 0:
+            # The dataset's own iteration, in this process, keeps the epoch and position.
+            yield from super().__iter__()
+            return
         start = ds._start
+        epoch = ds._next_epoch[0]
         if start is not None:
             ds._check_state(start, self._workers)
             self._positions = copy.deepcopy(dict(start["splits"]))
             self._last_part = (start["next_worker"] - 1) % self._workers
+            epoch = start.get("epoch", 0)
         else:
             self._positions = {}
             self._last_part = None
+        self._epoch = epoch
+        # Workers starting now copy the dataset with this epoch (persistent ones count
+        # from theirs; _unwrap_worker_item checks that they agree).
+        ds._next_epoch[0] = epoch
         it = super().__iter__()
-        # Worker processes have the start state now; the next iteration starts afresh.
+        # Worker processes have the start state now; the next iteration starts afresh,
+        # at the next epoch.
         ds._start = None
-        if self.num_workers == 0:
-            for item in it:
-                yield item
-            return
+        ds._next_epoch[0] = epoch + ds._per_iteration
         for item in it:
             keep, value = _unwrap_worker_item(item, self)
             if keep:
@@ -463,14 +540,24 @@ class DataLoader(tud.DataLoader):
             return ds.state_dict()
         if ds._start is not None:
             return copy.deepcopy(ds._start)
+        done = sum(1 for v in self._positions.values() if v.get("done"))
+        if self._last_part is None and not self._positions or done == self._workers:
+            # Before any iteration, or after one whose every worker finished: the next
+            # epoch's start.
+            return ds._make_state({}, 0, self._workers, ds._next_epoch[0])
         nxt = 0 if self._last_part is None else (self._last_part + 1) % self._workers
-        return ds._make_state(copy.deepcopy(self._positions), nxt, self._workers)
+        return ds._make_state(copy.deepcopy(self._positions), nxt, self._workers, self._epoch)
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
-        """The next iteration starts at ``state`` (from ``state_dict()``)."""
+        """The next iteration starts at ``state`` (from ``state_dict()``), in its epoch."""
         ds: Dataset = self.dataset  # type: ignore[assignment]
         if state is not None:
             ds._check_state(state, self._workers)
+        if self.persistent_workers and getattr(self, "_iterator", None) is not None:
+            raise RuntimeError(
+                "load_state_dict() on a DataLoader with persistent_workers=True whose workers "
+                "have started cannot reach them; load the state into a new DataLoader"
+            )
         ds.load_state_dict(state)
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -208,9 +209,26 @@ def test_explain_names_the_python_stage(mode):
     assert "py_filter(even" in p.filter(even, **workers(mode)).explain()
 
 
-def test_processes_default_to_the_pipeline_threads():
-    p = stoker.from_samples([{"x": 1}]).options(threads=3).map(identity)
-    assert "py_map(identity, processes=3)" in p.explain()
+def slow_pid(s):
+    time.sleep(0.1)
+    return {**s, "pid": os.getpid()}
+
+
+def test_processes_default_to_the_run_threads_whenever_they_are_set():
+    # The pool's size is decided when the run starts, by the run's engine threads: set
+    # before or after the map, 4 threads on this 2-core machine make up to 4 workers.
+    samples = [{"x": i} for i in range(16)]
+    after = stoker.from_samples(samples).map(slow_pid).options(threads=4)
+    assert "py_map(slow_pid, processes=auto)" in after.explain()
+    before = stoker.from_samples(samples).options(threads=4).map(slow_pid)
+    for p in (after, before):
+        out = list(p)
+        assert [s["x"] for s in out] == list(range(16))
+        assert 2 < len({s["pid"] for s in out}) <= 4
+    # An explicit count is kept whatever the threads.
+    fixed = stoker.from_samples(samples).map(slow_pid, processes=1).options(threads=4)
+    assert "py_map(slow_pid, processes=1)" in fixed.explain()
+    assert len({s["pid"] for s in fixed}) == 1
 
 
 # Errors ---------------------------------------------------------------------------------------

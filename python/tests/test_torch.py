@@ -479,18 +479,21 @@ def test_the_loader_resumes_mid_epoch_exactly(s3, prefix, workers):
         .epochs(2)
         .seed(9)
     )
-    ds = st.Dataset(p, rank=1, world_size=2)
-    full = batches_as_lists(st.DataLoader(ds, num_workers=workers))
+
+    def dataset():
+        return st.Dataset(p, rank=1, world_size=2)
+
+    full = batches_as_lists(st.DataLoader(dataset(), num_workers=workers))
     # 20 samples of this rank per epoch, or 10 per worker; batches end with the epoch.
     assert len(full) == {0: 14, 2: 16}[workers]
     rng = random.Random(workers)
     for stop in sorted(rng.sample(range(1, len(full)), 3)) + [0, len(full)]:
-        loader = st.DataLoader(ds, num_workers=workers)
+        loader = st.DataLoader(dataset(), num_workers=workers)
         it = iter(loader)
         head = batches_as_lists(next(it) for _ in range(stop))
         state = json.loads(json.dumps(loader.state_dict()))
         del it
-        resumed = st.DataLoader(ds, num_workers=workers)
+        resumed = st.DataLoader(dataset(), num_workers=workers)
         resumed.load_state_dict(state)
         assert resumed.state_dict() == state
         # Stop the resumed run again and resume from there.
@@ -498,33 +501,98 @@ def test_the_loader_resumes_mid_epoch_exactly(s3, prefix, workers):
         mid = batches_as_lists(next(it2) for _ in range(min(2, len(full) - stop)))
         state2 = resumed.state_dict()
         del it2
-        again = st.DataLoader(ds, num_workers=workers)
+        again = st.DataLoader(dataset(), num_workers=workers)
         again.load_state_dict(state2)
         tail = batches_as_lists(again)
         assert head + mid + tail == full, (stop, workers)
-    # The next iteration after a resumed one starts at the beginning.
-    assert batches_as_lists(again) == full
+    # The iteration after a resumed one is the next: epochs 2 and 3 (two per iteration).
+    later = dataset()
+    later.set_epoch(2)
+    assert again.epoch == 2
+    assert batches_as_lists(again) == batches_as_lists(st.DataLoader(later, num_workers=workers))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_iteration_is_the_next_epoch(s3, prefix, workers):
+    p = tensor_pipeline(s3, prefix, 24).shuffle_shards().shuffle(8).batch(4).seed(5)
+    loader = st.DataLoader(st.Dataset(p), num_workers=workers)
+    epochs = [batches_as_lists(loader) for _ in range(3)]
+    # A new order every epoch, each epoch whole, and exactly the epochs of one run of three
+    # (without workers; with them each worker runs its part of each epoch).
+    assert len({str(e) for e in epochs}) == 3
+    assert all(sorted(sum(e, [])) == sorted(sum(epochs[0], [])) for e in epochs)
+    if workers == 0:
+        assert sum(epochs, []) == batches_as_lists(st.DataLoader(st.Dataset(p.epochs(3))))
+    # set_epoch picks the epoch; the loader's and its dataset's are the same.
+    loader.set_epoch(1)
+    assert batches_as_lists(loader) == epochs[1]
+    assert loader.epoch == 2 and loader.dataset.epoch == 2
+    # A pipeline's own first_epoch is where the first iteration starts.
+    assert batches_as_lists(st.DataLoader(st.Dataset(p.first_epoch(2)), num_workers=workers)) == epochs[2]
+    # A state taken after an epoch ended resumes at the next epoch's start.
+    loader.set_epoch(0)
+    assert batches_as_lists(loader) == epochs[0]
+    end = loader.state_dict()
+    assert end["epoch"] == 1 and end["splits"] == {}
+    resumed = st.DataLoader(st.Dataset(p), num_workers=workers)
+    resumed.load_state_dict(end)
+    assert batches_as_lists(resumed) == epochs[1]
+
+
+def test_persistent_workers_run_each_epoch_once_after_a_resume(s3, prefix):
+    p = tensor_pipeline(s3, prefix, 24).shuffle(8).batch(4).seed(6)
+    plain = st.DataLoader(st.Dataset(p), num_workers=2)
+    epochs = [batches_as_lists(plain) for _ in range(3)]
+    first = st.DataLoader(st.Dataset(p), num_workers=2)
+    it = iter(first)
+    head = batches_as_lists(next(it) for _ in range(2))
+    state = first.state_dict()
+    del it
+    loader = st.DataLoader(st.Dataset(p), num_workers=2, persistent_workers=True)
+    loader.load_state_dict(state)
+    # The rest of epoch 0, then epochs 1 and 2 whole: the resumed start is used once.
+    assert head + batches_as_lists(loader) == epochs[0]
+    assert batches_as_lists(loader) == epochs[1]
+    assert batches_as_lists(loader) == epochs[2]
+    # The persistent workers count epochs themselves: a set_epoch cannot reach them, and
+    # says so rather than read another epoch than asked.
+    loader.set_epoch(0)
+    with pytest.raises(RuntimeError, match="persistent_workers=True"):
+        batches_as_lists(loader)
+    with pytest.raises(RuntimeError, match="persistent_workers=True"):
+        loader.load_state_dict(state)
 
 
 def test_dataset_state_dict_without_a_loader_and_mismatched_workers(s3, prefix):
     p = tensor_pipeline(s3, prefix, 16).shuffle(5).batch(2).seed(4)
     ds = st.Dataset(p, rank=0, world_size=1)
     full = batches_as_lists(ds)
+    ds.set_epoch(0)
     it = iter(TorchDataLoader(ds, batch_size=None))
     head = batches_as_lists(next(it) for _ in range(3))
     state = ds.state_dict()
     ds2 = st.Dataset(p, rank=0, world_size=1)
     ds2.load_state_dict(state)
     assert head + batches_as_lists(TorchDataLoader(ds2, batch_size=None)) == full
-    # After a whole epoch the state is the end: resuming yields nothing.
-    loader = st.DataLoader(ds)
-    assert batches_as_lists(loader) == full
-    end = loader.state_dict()
-    loader.load_state_dict(end)
-    assert batches_as_lists(loader) == []
-    assert batches_as_lists(loader) == full  # and the next iteration starts afresh
     with pytest.raises(ValueError, match="same number"):
         st.DataLoader(ds, num_workers=2).load_state_dict(state)
+
+
+def test_a_data_error_in_a_worker_reaches_the_loop(s3, prefix):
+    # DataError pickles (a DataLoader worker sends its exception to the main process), so
+    # a bad record in a worker stops the loop with it instead of ending the epoch early.
+    samples = [{"txt": b"ok"}, {"txt": b"\xff\xfe"}] + [{"txt": b"fine"}] * 6
+    p = stoker.from_samples(samples).map("decode_utf8", field="txt")
+    loader = st.DataLoader(st.Dataset(p, to_torch=False), num_workers=1)
+    seen = []
+    with pytest.raises(stoker.DataError, match="decode_utf8"):
+        for item in loader:
+            seen.append(item)
+    assert len(seen) == 1
+    err = stoker.DataError("bad")
+    err.object = "s3://b/k"
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is stoker.DataError and back.object == "s3://b/k"
 
 
 def test_a_state_of_the_wrong_rank_is_refused():

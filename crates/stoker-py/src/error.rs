@@ -26,8 +26,10 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use stoker_core::ErrorKind;
 
+// Named `stoker.DataError`, where the package exports it, so that pickle finds the class:
+// a DataLoader worker sends its exception to the main process pickled.
 pyo3::create_exception!(
-    _native,
+    stoker,
     DataError,
     PyValueError,
     "A bad record or an operator that failed on a sample. The message and the attributes \
