@@ -2,7 +2,11 @@
 
 ``stoker.io.open(url)`` returns an ``io.BufferedReader`` over an :class:`ObjectFileIO`,
 which reads through Stoker's store: parallel ranged GETs, read-ahead that grows while reads
-stay sequential, and the store's block cache. Anything that takes a binary file works on
+stay sequential, and the store's block cache. The store is shared: every ``open`` in the
+process of an object in one bucket (or host, or the local file system) with the same store
+options reads through one store, with one block cache, memory budget, connection pool and
+metadata cache, so opening an object again reads what is cached (:func:`clear_cache` lets
+the shared stores go). Anything that takes a binary file works on
 it: ``numpy.load``, ``pyarrow.parquet.read_table``, ``PIL.Image.open``, ``tarfile``,
 ``zipfile``::
 
@@ -20,7 +24,7 @@ from typing import Any
 from . import _native, _threads
 from ._options import store_pairs
 
-__all__ = ["ObjectFileIO", "open"]
+__all__ = ["ObjectFileIO", "clear_cache", "open"]
 
 #: Bytes the BufferedReader asks for at once (the store reads ahead further on its own).
 DEFAULT_BUFFER_SIZE = 256 * 1024
@@ -90,6 +94,12 @@ class ObjectFileIO(_io.RawIOBase):
         return f"<stoker.io.ObjectFileIO name={self.name!r} size={self.size}>"
 
 
+def clear_cache() -> None:
+    """Lets the shared stores go, with their cached blocks and connections: later opens
+    start afresh. Files still open keep reading through their store until closed."""
+    _native.clear_stores()
+
+
 def open(  # noqa: A001 - mirrors the builtin on purpose
     url: str | os.PathLike[str],
     mode: str = "rb",
@@ -106,7 +116,8 @@ def open(  # noqa: A001 - mirrors the builtin on purpose
     ``mode`` is ``"rb"`` (an ``io.BufferedReader``; with ``buffering=0`` the raw
     :class:`ObjectFileIO`) or ``"r"`` (an ``io.TextIOWrapper`` with ``encoding``, ``errors``
     and ``newline`` as for the builtin ``open``). A missing object raises
-    ``FileNotFoundError``.
+    ``FileNotFoundError``. Opens with the same bucket and options share one store and its
+    cache (see the module docs).
     """
     binary = "b" in mode
     if set(mode) - set("rbt") or "r" not in mode or (binary and "t" in mode):

@@ -61,6 +61,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<io::ObjectFile>()?;
     m.add_function(wrap_pyfunction!(pymap::close_python_calls, m)?)?;
     m.add_function(wrap_pyfunction!(batch_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(io::clear_stores, m)?)?;
     m.add("DataError", py.get_type::<error::DataError>())?;
     let keys: Vec<&str> = stoker_store::OPTION_KEYS.iter().map(|(k, _)| *k).collect();
     m.add("STORE_OPTION_KEYS", keys)?;
