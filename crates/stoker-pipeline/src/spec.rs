@@ -129,6 +129,28 @@ pub struct FormatOptions {
     pub infer_types: Option<bool>,
 }
 
+impl FormatOptions {
+    /// Refuses options the format does not read (a `columns` given for CSV would otherwise
+    /// be ignored without a word).
+    fn check(&self, format: &str) -> Result<(), Error> {
+        let given = [
+            ("parse_examples", self.parse_examples.is_some(), "tfrecord"),
+            ("columns", self.columns.is_some(), "parquet"),
+            ("delimiter", self.delimiter.is_some(), "csv"),
+            ("has_header", self.has_header.is_some(), "csv"),
+            ("infer_types", self.infer_types.is_some(), "csv"),
+        ];
+        for (name, set, owner) in given {
+            if set && format != owner {
+                return Err(Error::invalid(format!(
+                    "format option {name} is for the {owner} format, not {format}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `[rank]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -405,6 +427,7 @@ impl PipelineSpec {
                 .map_err(|e| Error::invalid(format!("[store] {k}: {e}")))?;
         }
         let fo = &self.format_options;
+        fo.check(&self.format)?;
         let fixed = |f: Arc<dyn Format>| FormatChoice::Fixed(f);
         let format = match self.format.as_str() {
             "files" => FormatChoice::Files,
@@ -546,6 +569,15 @@ mod tests {
         .to_string();
         assert!(e.contains("missing field `size`"), "{e}");
         assert!(e.contains("line 3"), "{e}");
+        let spec: PipelineSpec = serde_json::from_value(serde_json::json!({
+            "source": "x", "format": "csv", "format_options": {"columns": ["a"]}
+        }))
+        .unwrap();
+        let e = spec.build(StoreOptions::default()).unwrap_err().to_string();
+        assert!(
+            e.contains("format option columns is for the parquet format, not csv"),
+            "{e}"
+        );
         let spec: PipelineSpec =
             serde_json::from_value(serde_json::json!({"source": "x", "format": "avro"})).unwrap();
         let e = spec.build(StoreOptions::default()).unwrap_err().to_string();
