@@ -258,8 +258,14 @@ def _worker_main(conn: Any, fn_pickle: bytes, filter_: bool, name: str) -> None:
             try:
                 sample = _read(header, req)
                 out = fn(sample) if seed is None else fn(sample, rng_of(seed))
-            except Exception:
-                conn.send_bytes(pickle.dumps(("err", traceback.format_exc(), None), protocol=5))
+            except Exception as e:
+                # The traceback as text, and the exception itself when it pickles (the
+                # caller chains it as the DataError's __cause__).
+                try:
+                    exc: bytes | None = pickle.dumps(e, protocol=5)
+                except Exception:
+                    exc = None
+                conn.send_bytes(pickle.dumps(("err", traceback.format_exc(), exc), protocol=5))
                 continue
             try:
                 if filter_:
@@ -357,6 +363,13 @@ class _Worker:
             # The worker's traceback text travels in resp_name's place.
             err = RuntimeError(resp_name)
             err._stoker_traceback = resp_name  # type: ignore[attr-defined]
+            original = None
+            if body is not None:
+                try:
+                    original = pickle.loads(body)
+                except Exception:
+                    original = None
+            err._stoker_exception = original  # type: ignore[attr-defined]
             raise err
         if tag == "bad":
             raise _failure(f"the result of Python function {self.qualname}: {resp_name}")

@@ -246,6 +246,9 @@ def test_an_exception_is_a_data_error_with_traceback_and_origin(s3, prefix, mode
     assert "boom" in e.value.stage
     assert e.value.object == f"{url}shard-0.tar" and e.value.object in msg
     assert e.value.record == 3 and "record 3" in msg
+    # The function's own exception is the cause (unpickled from a worker process).
+    cause = e.value.__cause__
+    assert type(cause) is ValueError and cause.args == ("boom on purpose",)
     # errors="skip" skips just that sample.
     run = p.options(errors="skip").run()
     assert len(list(run)) == 9

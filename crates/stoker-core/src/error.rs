@@ -55,6 +55,34 @@ pub struct Error {
     pub stage: Option<String>,
     /// What is wrong.
     pub message: String,
+    /// What raised it, for a caller that knows the type (the Python package keeps a Python
+    /// function's exception here, to chain it as `__cause__`); carried, never shown.
+    pub cause: Option<Cause>,
+}
+
+/// An opaque cause of an [`Error`] (see [`Error::cause`]). Two causes are equal when they
+/// are the same value. (A thin pointer: errors travel in every `Result` of the engine.)
+#[derive(Clone)]
+#[allow(clippy::redundant_allocation)]
+pub struct Cause(std::sync::Arc<Box<dyn std::any::Any + Send + Sync>>);
+
+impl Cause {
+    /// The cause as a `T`, if it is one.
+    pub fn downcast_ref<T: 'static>(&self) -> Option<&T> {
+        self.0.downcast_ref::<T>()
+    }
+}
+
+impl fmt::Debug for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Cause(..)")
+    }
+}
+
+impl PartialEq for Cause {
+    fn eq(&self, other: &Cause) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl Error {
@@ -67,7 +95,14 @@ impl Error {
             record: None,
             stage: None,
             message: message.into(),
+            cause: None,
         }
+    }
+
+    /// Keeps `cause` with the error (see [`Error::cause`]).
+    pub fn with_cause(mut self, cause: impl std::any::Any + Send + Sync) -> Error {
+        self.cause = Some(Cause(std::sync::Arc::new(Box::new(cause))));
+        self
     }
 
     /// A malformed record.

@@ -30,7 +30,7 @@ mod size;
 mod tensor;
 
 pub use budget::{system_memory_bytes, MemoryBudget, Reservation};
-pub use error::{Error, ErrorKind};
+pub use error::{Cause, Error, ErrorKind};
 pub use op::OpMeta;
 pub use sample::{Batch, Collate, CollatePolicy, Column, Columns, Sample, Stacker, Value};
 pub use size::{ByteSize, ParseSizeError};

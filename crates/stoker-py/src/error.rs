@@ -26,6 +26,8 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use stoker_core::ErrorKind;
 
+use crate::pymap::PyCause;
+
 // Named `stoker.DataError`, where the package exports it, so that pickle finds the class:
 // a DataLoader worker sends its exception to the main process pickled.
 pyo3::create_exception!(
@@ -101,7 +103,13 @@ pub(crate) fn pipeline_error(py: Python<'_>, e: stoker_core::Error) -> PyErr {
         _ => (Class::Os, "other"),
     };
     let ctx = (e.object.as_deref(), e.offset, e.record, e.stage.as_deref());
-    raise(py, class, e.to_string(), kind, ctx)
+    let err = raise(py, class, e.to_string(), kind, ctx);
+    // A Python function's own exception becomes the cause: `except KeyError` sees it
+    // through `__cause__`, and the traceback shows both.
+    if let Some(c) = e.cause.as_ref().and_then(|c| c.downcast_ref::<PyCause>()) {
+        err.set_cause(py, Some(PyErr::from_value(c.0.bind(py).clone())));
+    }
+    err
 }
 
 /// A store error (from `stoker.io`) as a Python exception.

@@ -118,6 +118,10 @@ impl fmt::Debug for PyOp {
 
 static FORMAT_EXCEPTION: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
+/// The Python exception a function raised, kept with the engine's error so that the
+/// `DataError` raised for it chains it as `__cause__` (see `error::pipeline_error`).
+pub(crate) struct PyCause(pub(crate) Py<PyAny>);
+
 /// The traceback text of a Python exception: the worker's (set by `stoker._pymap` as
 /// `_stoker_traceback`) or `traceback.format_exception`'s.
 fn traceback_text(py: Python<'_>, e: &PyErr) -> String {
@@ -168,11 +172,17 @@ impl PyOp {
                 return Error::operator(m);
             }
         }
+        let original = match e.value(py).getattr("_stoker_exception") {
+            // From a worker process: the exception it raised, unpickled (when it pickles).
+            Ok(x) if !x.is_none() => x.unbind(),
+            _ => e.value(py).clone().into_any().unbind(),
+        };
         Error::operator(format!(
             "Python function {} raised an exception:\n{}",
             self.qualname,
             traceback_text(py, e).trim_end()
         ))
+        .with_cause(PyCause(original))
     }
 
     /// What the function's result means for `sample`.
