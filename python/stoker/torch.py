@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import os
+import pickle
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
@@ -478,6 +479,18 @@ class DataLoader(tud.DataLoader):
         torch_pin = pin and num_workers > 0 and torch.cuda.is_available()
         if pin and num_workers > 0 and not torch.cuda.is_available():
             _pin(torch.empty(0))  # the same one warning
+        if num_workers > 0:
+            # Workers get the dataset pickled: say why it cannot be, here, rather than as
+            # a pickling failure inside torch's worker start.
+            try:
+                pickle.dumps(dataset)
+            except Exception as e:
+                raise TypeError(
+                    f"with num_workers={num_workers} the dataset is pickled into each worker, "
+                    f"and this one does not pickle ({e}): its pipeline's Python functions "
+                    "must be module-level (a lambda or a local function is not), or use "
+                    "num_workers=0, the recommended path"
+                ) from e
         if num_workers > 0 and kwargs.get("multiprocessing_context") is None:
             kwargs["multiprocessing_context"] = worker_context()
         super().__init__(

@@ -578,6 +578,13 @@ def test_dataset_state_dict_without_a_loader_and_mismatched_workers(s3, prefix):
         st.DataLoader(ds, num_workers=2).load_state_dict(state)
 
 
+def test_workers_refuse_a_pipeline_that_does_not_pickle_and_say_why():
+    p = numbers(4).map(lambda s: s, workers="threads")
+    with pytest.raises(TypeError, match="num_workers=2 the dataset is pickled.*lambda"):
+        st.DataLoader(st.Dataset(p), num_workers=2)
+    assert len(list(st.DataLoader(st.Dataset(p)))) == 4  # fine without workers
+
+
 def test_a_data_error_in_a_worker_reaches_the_loop(s3, prefix):
     # DataError pickles (a DataLoader worker sends its exception to the main process), so
     # a bad record in a worker stops the loop with it instead of ending the epoch early.
