@@ -251,6 +251,23 @@ impl Reservation {
         }
     }
 
+    /// Holds `bytes` from now on: gives back the difference when that is less, and takes
+    /// the difference when it is more, even past the limit. That is for something already
+    /// admitted that grew (a sample an operator decoded into more bytes): it is in memory
+    /// whether or not the budget has room, and counting it makes the next
+    /// [`try_reserve`](MemoryBudget::try_reserve) or [`reserve`](MemoryBudget::reserve)
+    /// wait until the budget is back under its limit, which is what bounds the pipeline.
+    pub fn resize_to(&mut self, bytes: u64) {
+        if bytes <= self.bytes {
+            self.shrink_to(bytes);
+            return;
+        }
+        let more = bytes - self.bytes;
+        let now = self.budget.inner.used.fetch_add(more, Ordering::AcqRel) + more;
+        self.budget.inner.peak.fetch_max(now, Ordering::Relaxed);
+        self.bytes = bytes;
+    }
+
     /// Merges another reservation on the same budget into this one.
     pub fn merge(&mut self, mut other: Reservation) {
         debug_assert!(Arc::ptr_eq(&self.budget.inner, &other.budget.inner));

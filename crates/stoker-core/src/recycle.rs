@@ -19,6 +19,12 @@
 //! The bytes themselves stay plain `Bytes::from(Vec)`, so `Bytes::is_unique` still tells a
 //! consumer whether anything else shares them (a `Bytes` with a custom owner would always
 //! say it is shared, and torch would then get a copy).
+//!
+//! A batch's data starts on a [`ALIGN`]-byte boundary ([`Recycler::take_aligned`], then
+//! [`freeze`]): the allocator aligns to 16 bytes, and XLA's CPU client imports a DLPack
+//! buffer without a copy only when it is 64-byte aligned (as do aligned vector loads). The
+//! buffer is a few bytes longer, and its `Bytes` is a slice past them, still unique and
+//! still handed back whole.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -30,6 +36,14 @@ pub const MIN_SIZE: usize = 1 << 20;
 pub const MAX_IDLE: usize = 2;
 /// Idle bytes kept at most.
 pub const MAX_IDLE_BYTES: usize = 256 << 20;
+/// Where a batch's data starts: a multiple of this many bytes.
+pub const ALIGN: usize = 64;
+
+/// The bytes of `buf` after its first `pad` (the padding [`Recycler::take_aligned`] put
+/// there), as one `Bytes` that owns the whole buffer.
+pub fn freeze(buf: Vec<u8>, pad: usize) -> bytes::Bytes {
+    bytes::Bytes::from(buf).slice(pad..)
+}
 
 /// A set of idle buffers; [`GLOBAL`] is the one stacking uses.
 #[derive(Debug)]
@@ -64,6 +78,16 @@ impl Recycler {
             }
         }
         Vec::with_capacity(len)
+    }
+
+    /// A buffer for `len` bytes that start [`ALIGN`]-aligned: `pad` zero bytes come first
+    /// (what the allocation's address needs), then room for `len` more without growing.
+    /// Returns `(buffer, pad)`; push the data, then [`freeze`] it.
+    pub fn take_aligned(&self, len: usize) -> (Vec<u8>, usize) {
+        let mut buf = self.take(len + ALIGN - 1);
+        let pad = buf.as_ptr().align_offset(ALIGN).min(ALIGN - 1);
+        buf.resize(pad, 0);
+        (buf, pad)
     }
 
     /// Drops every idle buffer.
@@ -138,5 +162,35 @@ mod tests {
         assert!(R.idle_bytes() <= MAX_IDLE * (len + len / 4));
         R.clear();
         assert_eq!(R.idle_bytes(), 0);
+    }
+
+    #[test]
+    fn aligned_buffers_start_their_data_on_the_boundary_and_come_back_whole() {
+        static A: Recycler = Recycler::new();
+        for len in [10, 1000, 3 * MIN_SIZE] {
+            let (mut buf, pad) = A.take_aligned(len);
+            assert_eq!(buf.len(), pad);
+            assert!(pad < ALIGN);
+            let cap = buf.capacity();
+            buf.extend((0..len).map(|i| i as u8));
+            assert_eq!(buf.capacity(), cap, "no growth");
+            let alloc = buf.as_ptr();
+            let b = freeze(buf, pad);
+            assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+            assert_eq!(b.len(), len);
+            assert_eq!(b[len - 1], (len - 1) as u8);
+            assert!(b.is_unique());
+            // Handed back (as the Python package does), the whole allocation returns.
+            let mut whole = b.try_into_mut().expect("unique");
+            whole.clear();
+            let v = Vec::from(whole);
+            assert_eq!(v.as_ptr(), alloc);
+            assert_eq!(v.capacity(), cap);
+            A.put(v);
+        }
+        // A recycled buffer is aligned again for its next batch.
+        let (buf, pad) = A.take_aligned(3 * MIN_SIZE - 100);
+        assert_eq!(A.reused(), 1);
+        assert_eq!(freeze(buf, pad).as_ptr() as usize % ALIGN, 0);
     }
 }

@@ -293,7 +293,10 @@ struct Stacking {
     name: Arc<str>,
     dtype: DType,
     shape: Vec<usize>,
+    /// Alignment padding, then the values.
     data: Vec<u8>,
+    /// The padding's length (see [`crate::recycle::Recycler::take_aligned`]).
+    pad: usize,
     /// How many samples' values are in `data` (the first `taken` pushed).
     taken: usize,
     spilled: bool,
@@ -331,13 +334,15 @@ impl Stacker {
                 if t.data().len() < EAGER_STACK_MIN || policy.of(name) == Collate::List {
                     continue;
                 }
-                let mut data = crate::recycle::GLOBAL.take(t.data().len() * size.max(1));
+                let (mut data, pad) =
+                    crate::recycle::GLOBAL.take_aligned(t.data().len() * size.max(1));
                 data.extend_from_slice(t.data());
                 self.cols.push(Stacking {
                     name: name.clone(),
                     dtype: t.dtype(),
                     shape: t.shape().to_vec(),
                     data,
+                    pad,
                     taken: 1,
                     spilled: false,
                 });
@@ -364,9 +369,9 @@ impl Stacker {
         assert_eq!(samples.len(), self.pushed, "every sample pushed, none more");
         let mut stacked = Vec::new();
         for c in self.cols {
-            let n = c.data.len() / c.taken.max(1);
+            let n = (c.data.len() - c.pad) / c.taken.max(1);
+            let data = crate::recycle::freeze(c.data, c.pad);
             if c.spilled {
-                let data = Bytes::from(c.data);
                 for (j, s) in samples.iter_mut().take(c.taken).enumerate() {
                     let t = Tensor::new(c.dtype, c.shape.clone(), data.slice(j * n..(j + 1) * n))?;
                     if let Some(v) = s.get_mut(&c.name) {
@@ -376,7 +381,7 @@ impl Stacker {
             } else {
                 let mut shape = vec![c.taken];
                 shape.extend_from_slice(&c.shape);
-                let t = Tensor::new(c.dtype, shape, Bytes::from(c.data))?;
+                let t = Tensor::new(c.dtype, shape, data)?;
                 stacked.push((c.name, t));
             }
         }

@@ -186,7 +186,7 @@ impl Tensor {
         let first = items
             .first()
             .ok_or_else(|| Error::invalid("cannot stack zero tensors"))?;
-        let mut data = crate::recycle::GLOBAL.take(first.data.len() * items.len());
+        let (mut data, pad) = crate::recycle::GLOBAL.take_aligned(first.data.len() * items.len());
         for t in items {
             if t.dtype != first.dtype || t.shape != first.shape {
                 return Err(Error::invalid(format!(
@@ -197,9 +197,10 @@ impl Tensor {
             }
             data.extend_from_slice(&t.data);
         }
+        let data = crate::recycle::freeze(data, pad);
         let mut shape = vec![items.len()];
         shape.extend_from_slice(&first.shape);
-        Tensor::new(first.dtype, shape, Bytes::from(data))
+        Tensor::new(first.dtype, shape, data)
     }
 
     /// Stacks equal-rank, equal-dtype tensors of different shapes, padding each to the
@@ -224,7 +225,7 @@ impl Tensor {
         let es = first.dtype.size();
         let pad_bytes = pad_element(first.dtype, pad);
         let per_item: usize = max.iter().product::<usize>() * es;
-        let mut data = Vec::with_capacity(per_item * items.len());
+        let (mut data, pad) = crate::recycle::GLOBAL.take_aligned(per_item * items.len());
         for t in items {
             let start = data.len();
             // Fill with the pad value, then copy each innermost row into place.
@@ -260,7 +261,7 @@ impl Tensor {
         }
         let mut shape = vec![items.len()];
         shape.extend_from_slice(&max);
-        Tensor::new(first.dtype, shape, Bytes::from(data))
+        Tensor::new(first.dtype, shape, crate::recycle::freeze(data, pad))
     }
 
     /// Splits along the leading axis (the inverse of [`Tensor::stack`]); zero-copy.

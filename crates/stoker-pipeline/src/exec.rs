@@ -940,6 +940,10 @@ impl Run {
             }
             _ => None,
         };
+        if !ph.producer.is_empty() {
+            // Operators may grow samples: reserve conservatively until one is measured.
+            ds.growth.store(0, Ordering::Relaxed);
+        }
         // The window counts what the source emits: batches on the columnar path.
         let window = match &columnar {
             Some(c) => (p.options.window / c.size).max(2),
@@ -1603,6 +1607,7 @@ fn apply_producer(
     epoch: u64,
     ds: &Dataset,
 ) -> Result<Option<Element>, Error> {
+    let before = el.sample.size_bytes();
     for (i, op) in producer {
         let mut ctx = OpContext::new(seed, epoch, el.pos.shard, el.pos.record, *i);
         let locate = |e: Error| {
@@ -1624,7 +1629,48 @@ fn apply_producer(
             }
         }
     }
+    if !producer.is_empty() {
+        charge_growth(&mut el, before, Some(ds));
+    }
     Ok(Some(el))
+}
+
+/// The bytes to reserve for a sample read as `read` bytes: times what operators have
+/// made of samples so far ([`Dataset::growth`]).
+///
+/// Before the first sample is measured (0), a sample is reserved as a sixteenth of the
+/// budget at least, so that however much the operators grow them, at most about 16 are
+/// admitted before the first measurement (a few milliseconds).
+fn expected_bytes(ds: &Dataset, read: u64, limit: u64) -> u64 {
+    match ds.growth.load(Ordering::Relaxed) {
+        0 => read.max(limit / 16),
+        g => ((read as u128 * g as u128) / crate::source::GROWTH_ONE as u128).min(u64::MAX as u128)
+            as u64,
+    }
+}
+
+/// The budget holds what a sample is after its operators, `before` bytes when they began
+/// (a decoded image is several times its file), and the growth is learnt for the next
+/// reservations when `ds` is given (a moving average, so one odd sample moves it by an
+/// eighth).
+fn charge_growth(el: &mut Element, before: usize, ds: Option<&Dataset>) {
+    let after = el.sample.size_bytes();
+    if let Some(ds) = ds.filter(|_| before > 0) {
+        let one = crate::source::GROWTH_ONE as u128;
+        let g = ((after as u128 * one) / before as u128).min(1 << 40) as u64;
+        let _ = ds
+            .growth
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                Some(if old == 0 {
+                    g.max(1)
+                } else {
+                    ((old * 7 + g) / 8).max(1)
+                })
+            });
+    }
+    if let Some(h) = el.hold.as_mut() {
+        h.resize_to(after as u64);
+    }
 }
 
 /// A parallel stage's items through its operators, on a worker (a panic in an operator is
@@ -1684,6 +1730,7 @@ fn apply_par(
 ) -> Result<Option<Flow>, Error> {
     match flow {
         Flow::Elem(mut el, cut) => {
+            let before = el.sample.size_bytes();
             for ((i, op), c) in run.ops.iter().zip(&run.counters) {
                 c.add(&c.items_in, 1);
                 let t0 = Instant::now();
@@ -1708,6 +1755,9 @@ fn apply_par(
                     }
                 }
             }
+            // Charged, not learnt: the source's estimate is for the operators before the
+            // sequential stage.
+            charge_growth(&mut el, before, None);
             Ok(Some(Flow::Elem(el, cut)))
         }
         Flow::Batch(mut b, members, hold) => {
@@ -2020,6 +2070,9 @@ impl TailCtx {
                                     Produced::Fail { .. } => None,
                                 };
                                 if let Some((n, slot, seq, pos)) = held {
+                                    // What the sample will be after the workers' operators
+                                    // (the worker sets it right).
+                                    let n = expected_bytes(&ds, n, budget.limit());
                                     let hold = budget.try_reserve(n).or_else(|| {
                                         rt.block_on(async {
                                             tokio::time::timeout(BUDGET_WAIT, budget.reserve(n))

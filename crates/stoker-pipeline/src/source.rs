@@ -125,6 +125,9 @@ pub struct SourceCursor {
 }
 
 /// The dataset, resolved: shards, format, store.
+/// [`Dataset::growth`] for "as read".
+pub(crate) const GROWTH_ONE: u64 = 1024;
+
 pub(crate) struct Dataset {
     pub store: Option<Store>,
     pub shards: Arc<Vec<ShardInfo>>,
@@ -134,6 +137,10 @@ pub(crate) struct Dataset {
     pub runtime: tokio::runtime::Handle,
     pub fetch: FetchManyOptions,
     pub cache: Option<SampleCache>,
+    /// What the workers' operators make of a sample's bytes, times 1024, smoothed over the
+    /// samples so far (1024 until one is measured): the source reserves a sample's bytes
+    /// times this, so that the budget holds what the sample will be, not what was read.
+    pub growth: std::sync::atomic::AtomicU64,
 }
 
 /// Parsed records kept in memory across epochs (`Pipeline::cache`), shard by shard, within
@@ -385,6 +392,7 @@ impl Dataset {
             format,
             runtime: runtime.clone(),
             cache: None,
+            growth: std::sync::atomic::AtomicU64::new(GROWTH_ONE),
             // Fetched-but-unparsed bytes get a quarter of the budget; the rest is for
             // samples on their way to the consumer.
             fetch: FetchManyOptions::default().with_max_bytes(

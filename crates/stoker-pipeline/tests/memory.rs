@@ -79,6 +79,42 @@ fn a_memory_limit_among_the_store_options_is_the_run_s_budget() {
     assert_eq!(run.stats().memory.2, 16 << 20);
 }
 
+#[test]
+fn what_operators_add_to_samples_counts_in_the_budget() {
+    // Tiny samples that an operator makes 1 MiB each (as a decode makes a JPEG several
+    // times larger), to a slow consumer, through an 8 MiB budget. The budget used to hold
+    // only what the source read (bytes), so the window (1,024 samples) was the only bound.
+    let mib = 1usize << 20;
+    let grow = stoker_pipeline::FnOp::new(OpMeta::new("grow"), move |mut s, _| {
+        s.insert("big", bytes::Bytes::from(vec![7u8; mib]));
+        Ok(Some(s))
+    });
+    let limit: u64 = 8 << 20;
+    let p = common::memory(96).map(grow).batch(2, false).options(
+        RunOptions::default()
+            .with_memory_limit(limit)
+            .with_threads(2),
+    );
+    let mut run = p.run().unwrap();
+    let mut ahead = 0;
+    let mut n = 0;
+    while let Some(item) = run.next() {
+        n += item.unwrap().samples() as u64;
+        let st = run.stats();
+        ahead = ahead.max(st.stages[0].items_out - st.samples);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(n, 96);
+    let (_, peak, _) = run.stats().memory;
+    // About the budget's worth of grown samples in flight (plus the 16 admitted before
+    // the first one is measured), and the budget saw them.
+    assert!(
+        ahead <= 24,
+        "{ahead} samples of 1 MiB in flight with an 8 MiB budget"
+    );
+    assert!(peak > limit / 2 && peak <= 3 * limit, "budget peak {peak}");
+}
+
 fn held_within_the_budget(p: Pipeline) {
     let limit: u64 = 24 << 20;
     let p = p.options(
