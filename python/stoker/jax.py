@@ -7,8 +7,9 @@ other samples, the store's cache or a mapped disk-cache file) first, exactly as
 :func:`stoker.torch.to_torch` does by default.
 
 On the CPU, XLA takes a DLPack buffer without a copy only when it is 64-byte aligned; the
-engine's batch buffers are aligned as the system allocator aligns them (16 bytes), so JAX
-usually makes one copy of its own there. See ``docs/python.md`` (JAX).
+engine starts every stacked batch's data on a 64-byte boundary, so batches reach JAX
+without a copy (single samples' tensors, 16-byte aligned, are copied by XLA). See
+``docs/python.md`` (JAX).
 """
 
 from __future__ import annotations

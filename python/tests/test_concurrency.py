@@ -1,7 +1,9 @@
-"""Several Python threads on one run, Ctrl-C during a blocked iteration, and fork()."""
+"""Several Python threads on one run, Ctrl-C during a blocked iteration, fork(), the GIL
+during a blocked iteration, and memory with a slow consumer."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -9,6 +11,9 @@ import sys
 import textwrap
 import threading
 import time
+
+import numpy as np
+import pytest
 
 import stoker
 
@@ -178,3 +183,103 @@ def test_a_child_forked_before_any_stoker_thread_runs_pipelines_and_reads_object
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["child [0, 1, 2, 3, 4] 4", "parent [0, 1, 2, 3, 4] 0"]
+
+
+def test_a_blocked_next_releases_the_gil(s3, prefix):
+    # One object whose GET the server holds back for a second: the first next() blocks on
+    # the network. A pure-Python thread counting meanwhile must run at about its free rate
+    # (with the GIL held through the wait it would not count at all; with the GIL taken
+    # back for every 50 ms signal check it would reach a small fraction).
+    s3.put(f"{prefix}slow/obj-0.bin", b"x")
+    count = [0]
+    stop = threading.Event()
+
+    def counter() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            count[0] = n
+
+    t = threading.Thread(target=counter, daemon=True)
+    t.start()
+    try:
+        time.sleep(0.05)
+        # Calibration: the counter's rate while this thread sleeps (GIL free).
+        c0, t0 = count[0], time.monotonic()
+        time.sleep(0.4)
+        free_rate = (count[0] - c0) / (time.monotonic() - t0)
+        s3.control(f"fault?kind=delay&ms=1000&method=GET&times=1&path={prefix}slow/obj-")
+        run = stoker.from_url(f"s3://data/{prefix}slow/", format="files", **s3.options).run()
+        c0, t0 = count[0], time.monotonic()
+        sample = next(run)
+        blocked = time.monotonic() - t0
+        counted = count[0] - c0
+    finally:
+        stop.set()
+        t.join()
+        s3.control("clear")
+    assert bytes(sample["bin"]) == b"x"
+    assert blocked > 0.5, f"next() did not wait for the delayed GET ({blocked:.2f} s)"
+    rate = counted / blocked
+    assert rate > 0.3 * free_rate, (
+        f"the counting thread ran at {rate:.0f}/s during next(), {free_rate:.0f}/s when free: "
+        "next() held the GIL while it waited"
+    )
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+MiB = 1 << 20
+
+
+def _make_mib(sample):
+    return {"x": np.full(MiB, sample["i"] % 251, np.uint8)}
+
+
+@pytest.mark.parametrize("growth", ["read", "native-op", "python-map"])
+def test_a_slow_consumer_keeps_memory_within_the_budget(s3, prefix, growth):
+    # 96 samples of 1 MiB by the time they are batched, through an 8 MiB budget, to a
+    # consumer that sleeps per batch: the source must stop, whether the MiB was read from
+    # storage ("read"), or made by an operator from a small sample (a resize, as a decode
+    # makes a JPEG larger; a Python function).
+    n, limit = 96, 8 * MiB
+    if growth == "read":
+        for i in range(n):
+            s3.put(f"{prefix}{i:03d}.bin", np.full(MiB, i % 251, np.uint8).tobytes())
+        p = stoker.from_url(f"s3://data/{prefix}", **s3.options).map("to_tensor", field="bin", dtype="uint8")
+        field = "bin"
+    elif growth == "native-op":
+        tiny = [{"x": np.full((2, 2, 4), i % 251, np.uint8)} for i in range(n)]
+        p = stoker.from_samples(tiny).map("resize", field="x", size=[512, 512])  # 512*512*4 = 1 MiB
+        field = "x"
+    else:
+        p = stoker.from_samples([{"i": i} for i in range(n)]).map(_make_mib, workers="threads")
+        field = "x"
+    p = p.batch(4).options(memory_limit=limit)
+    gc.collect()
+    base = peak_rss = _rss()
+    ahead = 0
+    run = p.run()
+    for k, batch in enumerate(run):
+        assert batch[field].shape[0] == 4 and batch[field][:, 0].ravel()[0] == (4 * k) % 251
+        stats = run.stats()
+        # Samples the source has produced that the consumer has not taken yet.
+        ahead = max(ahead, stats["stages"][0]["items_out"] - stats["samples"])
+        held, peak, lim = stats["memory"]
+        # What was read stays within the limit; what operators add to samples already
+        # admitted is charged when it happens, past the limit if need be (the sample is in
+        # memory either way), and stops the source until the budget is back under it.
+        assert lim == limit and peak <= (limit if growth == "read" else 3 * limit), peak
+        del batch
+        time.sleep(0.03)
+        peak_rss = max(peak_rss, _rss())
+    assert k == n // 4 - 1
+    grew = peak_rss - base
+    assert ahead * MiB <= 2 * limit, (
+        f"{ahead} samples of 1 MiB were in flight at once with a {limit // MiB} MiB budget "
+        f"(budget peak {run.stats()['memory'][1]} bytes)"
+    )
+    assert grew < n * MiB // 2, f"RSS grew by {grew / MiB:.0f} MiB for {n} MiB of data through {limit // MiB} MiB"

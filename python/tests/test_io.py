@@ -1,4 +1,5 @@
-"""stoker.io.open: a seekable, read-only file over one object, for np.load and pyarrow."""
+"""stoker.io.open: a seekable, read-only file over one object, for np.load, pyarrow, PIL and
+torch.load."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from PIL import Image
 
 import stoker
 from datasets import npy
@@ -84,3 +86,57 @@ def test_a_missing_object_is_file_not_found(s3, prefix):
     with pytest.raises(FileNotFoundError, match=url.replace(".", r"\.")) as e:
         stoker.io.open(url, **s3.options)
     assert e.value.object == url
+
+
+def _image_bytes(fmt: str, mode: str) -> tuple[bytes, np.ndarray]:
+    y, x = np.mgrid[0:300, 0:401]
+    rgb = np.stack([x % 256, (y * 3) % 256, (x + y) % 256], -1).astype(np.uint8)
+    img = Image.fromarray(rgb).convert(mode)
+    out = io.BytesIO()
+    img.save(out, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return out.getvalue(), np.asarray(img)
+
+
+@pytest.mark.parametrize("fmt,mode", [("JPEG", "RGB"), ("PNG", "RGBA"), ("PNG", "L")])
+def test_pil_opens_an_image_through_it(s3, prefix, fmt, mode):
+    data, pixels = _image_bytes(fmt, mode)
+    url = s3.put(f"{prefix}img.{fmt.lower()}", data)
+    # Small parts: PIL reads the header, seeks, and reads the rest in pieces across them.
+    with stoker.io.open(url, part_size="16KiB", **s3.options) as f:
+        with Image.open(f) as im:
+            assert im.format == fmt and im.mode == mode and im.size == (401, 300)
+            got = np.asarray(im.convert(mode))
+    with Image.open(io.BytesIO(data)) as ref:
+        want = np.asarray(ref.convert(mode))
+    np.testing.assert_array_equal(got, want)
+    if fmt == "PNG":  # lossless: the pixels written
+        np.testing.assert_array_equal(got, pixels)
+
+
+def test_torch_load_reads_a_checkpoint_through_it(s3, prefix):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    state = {
+        "weight": torch.randn(64, 33, generator=g),
+        "bias": torch.arange(33, dtype=torch.int64),
+        "half": torch.randn(7, generator=g).to(torch.bfloat16),
+        "step": 1234,
+        "nested": {"lr": 0.125, "ids": [1, 2, 3]},
+    }
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    url = s3.put(f"{prefix}ckpt.pt", buf.getvalue())
+    with stoker.io.open(url, part_size="8KiB", **s3.options) as f:
+        got = torch.load(f, weights_only=True)
+    assert set(got) == set(state)
+    for k in ("weight", "bias", "half"):
+        assert got[k].dtype == state[k].dtype and got[k].shape == state[k].shape
+        assert torch.equal(got[k], state[k]), k
+    assert got["step"] == 1234 and got["nested"] == {"lr": 0.125, "ids": [1, 2, 3]}
+    # The legacy (non-zip) format seeks differently; it loads too.
+    buf = io.BytesIO()
+    torch.save(state["weight"], buf, _use_new_zipfile_serialization=False)
+    url = s3.put(f"{prefix}legacy.pt", buf.getvalue())
+    with stoker.io.open(url, **s3.options) as f:
+        assert torch.equal(torch.load(f, weights_only=True), state["weight"])
