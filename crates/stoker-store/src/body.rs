@@ -20,8 +20,10 @@ use object_store::{GetOptions, GetRange, GetResultPayload, ObjectStore};
 use crate::error::{Error, Result};
 use crate::store::{to_path, ObjectInfo, Store};
 
-/// A ranged GET being read. Cut bodies are resumed; a resume that delivers bytes restores the
-/// retry budget, so only failures in a row without progress count against it.
+/// A ranged GET being read. Cut bodies are resumed; a response that makes progress (see
+/// [`PROGRESS`]) restores the retry budget, so only failures in a row without progress count
+/// against it. A server that trickles a few bytes per request before each cut makes no
+/// progress by that measure, and fails after the budget like one that sends nothing.
 pub(crate) struct Body {
     store: Store,
     key: String,
@@ -31,13 +33,23 @@ pub(crate) struct Body {
     etag: Option<String>,
     want_meta: bool,
     info: Option<ObjectInfo>,
-    /// Requests made since the last one that delivered a byte.
+    /// Requests made since the last one that made progress.
     attempts: u32,
+    /// Bytes received since the last request was sent.
+    since_request: u64,
+    /// What the last request must deliver to count as progress.
+    progress: u64,
     /// When resuming stops: set at the first cut without progress since.
     deadline: Option<Instant>,
     stream: Option<BoxStream<'static, object_store::Result<Bytes>>>,
     local: bool,
 }
+
+/// What one response must deliver to count as progress and restore the retry budget: this
+/// many bytes, or a quarter of what was left of the range when it was asked for, whichever is
+/// less. So a read makes at most about one progressing request per 64 KiB plus a few dozen
+/// near the end, however the server cuts it.
+const PROGRESS: u64 = 64 * 1024;
 
 impl Body {
     /// Sends the GET for `range` of `key` and waits for its headers. `etag` pins the version
@@ -59,6 +71,8 @@ impl Body {
             want_meta,
             info: None,
             attempts: 0,
+            since_request: 0,
+            progress: 0,
             deadline: None,
             stream: None,
             local: false,
@@ -86,8 +100,10 @@ impl Body {
         let inner = self.store.inner();
         let m = &inner.metrics;
         self.attempts += 1;
+        self.since_request = 0;
         self.stream = None;
         let start = self.range.start + self.received;
+        self.progress = PROGRESS.min((self.range.end - start).div_ceil(4));
         let opts = GetOptions {
             range: Some(GetRange::Bounded(start..self.range.end)),
             if_match: self.etag.clone(),
@@ -183,7 +199,8 @@ impl Body {
                             return Err(self.short(got));
                         }
                         self.received = got;
-                        if !c.is_empty() {
+                        self.since_request += c.len() as u64;
+                        if self.since_request >= self.progress {
                             self.attempts = 1;
                             self.deadline = None;
                         }

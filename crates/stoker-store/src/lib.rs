@@ -25,8 +25,9 @@
 //! * **Retries** with exponential backoff and jitter on throttling (503 SlowDown), 5xx,
 //!   timeouts and resets (through `object_store`'s retry loop), plus Stoker's own resume of a
 //!   body cut short from the last byte received; the retry budget counts cuts in a row
-//!   without progress, so a long read with sporadic cuts completes. Every read checks its
-//!   length.
+//!   without progress (a response that delivers 64 KiB, or a quarter of what is left), so a
+//!   long read with sporadic cuts completes and a server that trickles a few bytes per
+//!   response fails. Every read checks its length.
 //! * **Metrics** ([`Store::metrics`]): logical operations and every HTTP attempt, bytes,
 //!   retries, time-to-first-byte percentiles, cache and memory figures.
 //!

@@ -254,6 +254,51 @@ async fn cuts_without_progress_fail_after_the_budget_naming_the_range() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_trickles_bytes_before_each_cut_fails_after_the_budget() {
+    // Every response delivers 1,000 bytes and is cut: bytes arrive, but a 256 KiB part would
+    // take 262 requests. That is not progress; the read fails after the retry budget.
+    let opts = StoreOptions::default()
+        .with_retries(3, Duration::from_secs(30))
+        .with_part_size(256 * 1024)
+        .with_cache_memory(0);
+    let (server, store) = setup(opts).await;
+    server.faults().add(
+        FaultRule::new(Fault::ShortBody { after_bytes: 1000 })
+            .method("GET")
+            .times(100_000),
+    );
+    let e = store
+        .get_range("obj.bin", 0..(256 * 1024))
+        .await
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("s3://faults/obj.bin"), "{msg}");
+    let m = store.metrics();
+    assert!(m.failed_reads >= 1, "{m:?}");
+    assert!(m.get_requests <= 8, "{m:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuts_near_the_end_of_a_small_range_still_make_progress() {
+    // One retry allowed; every response delivers 20,000 bytes of a 50,000-byte range. Each
+    // is more than a quarter of what was left, so each counts as progress.
+    let opts = StoreOptions::default()
+        .with_retries(1, Duration::from_secs(30))
+        .with_part_size(4 << 20)
+        .with_cache_memory(0);
+    let (server, store) = setup(opts).await;
+    server.faults().add(
+        FaultRule::new(Fault::ShortBody {
+            after_bytes: 20_000,
+        })
+        .method("GET")
+        .times(100),
+    );
+    let got = store.get_range("small.bin", 0..50_000).await.unwrap();
+    assert_eq!(got, data(100_000)[..50_000]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_head_does_not_hold_back_the_requests_behind_it() {
     use futures::StreamExt;
     let (server, store) = setup(StoreOptions::default()).await;
