@@ -17,6 +17,12 @@ def test_a_missing_object_is_file_not_found_naming_the_url(s3, prefix):
         list(stoker.from_url(f"s3://data/{prefix}nothing-here/", format="tar", **s3.options))
 
 
+def test_a_missing_bucket_is_file_not_found_naming_it(s3):
+    # S3 answers a listing of a bucket it does not have with 404 NoSuchBucket.
+    with pytest.raises(FileNotFoundError, match="s3://no-such-bucket/"):
+        list(stoker.from_url("s3://no-such-bucket/train/", format="tar", **s3.options))
+
+
 def test_a_corrupted_tar_is_a_data_error_with_its_place(s3, prefix):
     good = tar_shard({"__key__": f"{i:03d}", "txt": b"x" * 700} for i in range(4))
     # Cut the shard inside the third member's data.

@@ -15,10 +15,10 @@
 //!
 //! `stoker_core::Error` has no "not found" or "permission" kind: a storage failure carries
 //! the store's message. The two are recognised by the store's own wording
-//! (`stoker_store::Error`'s `Display`), in [`storage_class`] alone. The store classifies
-//! a refused HEAD or GET as `PermissionDenied`, but a refused listing reaches it from
-//! `object_store` as a generic error carrying the HTTP status and the S3 error code, so
-//! those are recognised too.
+//! (`stoker_store::Error`'s `Display`), in [`storage_class`] alone. The store classifies a
+//! missing or refused object, bucket or listing by its HTTP status (404, 401/403); the S3
+//! error codes of a refusal are recognised here too, for an error that reaches Python with
+//! only the server's answer in its message.
 
 use pyo3::exceptions::{
     PyFileNotFoundError, PyOSError, PyPermissionError, PyRuntimeError, PyValueError,

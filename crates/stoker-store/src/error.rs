@@ -146,14 +146,73 @@ impl Error {
                 url: url.to_string(),
                 source: Arc::new(e),
             },
-            other => Error::Request {
-                op,
-                url: url.to_string(),
-                source: Arc::new(other),
+            // object_store reports some requests' HTTP status only inside a generic error
+            // (a listing of a bucket that does not exist is a 404 NoSuchBucket there).
+            other => match http_status(&other) {
+                Some(404) => Error::NotFound {
+                    url: url.to_string(),
+                },
+                Some(401 | 403) => Error::PermissionDenied {
+                    url: url.to_string(),
+                    source: Arc::new(other),
+                },
+                _ => Error::Request {
+                    op,
+                    url: url.to_string(),
+                    source: Arc::new(other),
+                },
             },
         }
     }
 }
 
+/// The HTTP status a failed request got, found in `e`'s chain of sources. object_store's
+/// type for it is private, so it is read from the message it writes
+/// (`Server returned non-2xx status code: 404 Not Found: ...`).
+fn http_status(e: &(dyn std::error::Error + 'static)) -> Option<u16> {
+    const MARK: &str = "non-2xx status code: ";
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let msg = err.to_string();
+        if let Some(at) = msg.find(MARK) {
+            let code = msg[at + MARK.len()..].get(..3)?;
+            return code.parse().ok();
+        }
+        next = err.source();
+    }
+    None
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_found_in_a_generic_error_s_sources() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("Server returned non-2xx status code: 404 Not Found: <Error>NoSuchBucket</Error>")]
+        struct Inner;
+        #[derive(Debug, thiserror::Error)]
+        #[error("Error performing list request")]
+        struct Outer(#[source] Inner);
+        let generic = object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(Outer(Inner)),
+        };
+        assert_eq!(http_status(&generic), Some(404));
+        let e = Error::from_backend("list", "s3://nope/", generic);
+        assert!(e.is_not_found(), "{e}");
+        let other = object_store::Error::Generic {
+            store: "S3",
+            source: "connection refused".into(),
+        };
+        assert_eq!(http_status(&other), None);
+        assert!(matches!(
+            Error::from_backend("list", "s3://b/", other),
+            Error::Request { .. }
+        ));
+    }
+}

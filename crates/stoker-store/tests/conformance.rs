@@ -327,3 +327,24 @@ async fn local_reads_span_chunks_and_parts() {
         assert_eq!(s, small);
     }
 }
+
+/// A listing of a bucket the server does not have is "not found" (S3 answers 404
+/// NoSuchBucket), the same kind of error as a missing object, not a generic request failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_a_missing_bucket_is_not_found() {
+    let server = TestServer::start(ServerOptions::new().bucket("conf"))
+        .await
+        .unwrap();
+    let opts = StoreOptions::default()
+        .with_endpoint(server.endpoint())
+        .with_credentials(server.access_key(), server.secret_key())
+        .with_region(server.region())
+        .with_retries(1, Duration::from_secs(5));
+    let store = Store::open("s3://no-such-bucket/", opts).unwrap();
+    let e = store
+        .list_all("data/", &ListOptions::default())
+        .await
+        .unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+    assert!(e.to_string().contains("s3://no-such-bucket/data/"), "{e}");
+}
