@@ -268,7 +268,7 @@ def test_a_slow_consumer_keeps_memory_within_the_budget(s3, prefix, growth):
         stats = run.stats()
         # Samples the source has produced that the consumer has not taken yet.
         ahead = max(ahead, stats["stages"][0]["items_out"] - stats["samples"])
-        held, peak, lim = stats["memory"]
+        held, peak, lim = (stats["memory"][f] for f in ("held", "peak", "limit"))
         # What was read stays within the limit; what operators add to samples already
         # admitted is charged when it happens, past the limit if need be (the sample is in
         # memory either way), and stops the source until the budget is back under it.
@@ -280,6 +280,6 @@ def test_a_slow_consumer_keeps_memory_within_the_budget(s3, prefix, growth):
     grew = peak_rss - base
     assert ahead * MiB <= 2 * limit, (
         f"{ahead} samples of 1 MiB were in flight at once with a {limit // MiB} MiB budget "
-        f"(budget peak {run.stats()['memory'][1]} bytes)"
+        f"(budget peak {run.stats()['memory']['peak']} bytes)"
     )
     assert grew < n * MiB // 2, f"RSS grew by {grew / MiB:.0f} MiB for {n} MiB of data through {limit // MiB} MiB"

@@ -54,4 +54,4 @@ pub use plan::{
 };
 pub use source::{Pos, SourceCursor};
 pub use spec::PipelineSpec;
-pub use stats::{SampleCacheStats, Skipped, StageStats, Stats};
+pub use stats::{MemoryStats, SampleCacheStats, Skipped, StageStats, Stats};

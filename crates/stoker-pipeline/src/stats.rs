@@ -85,6 +85,17 @@ pub struct Skipped {
     pub error: String,
 }
 
+/// The run's memory budget at one moment, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryStats {
+    /// Held now (samples and batches in flight, read-ahead, cached blocks).
+    pub held: u64,
+    /// The most held at once since the run started.
+    pub peak: u64,
+    /// The limit.
+    pub limit: u64,
+}
+
 /// Everything at one moment.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Stats {
@@ -106,8 +117,8 @@ pub struct Stats {
     pub stages: Vec<StageStats>,
     /// Autotuner decisions: (seconds since start, threads after, why).
     pub autotune: Vec<(f64, u64, String)>,
-    /// The memory budget: bytes held now, the most held at once, and the limit.
-    pub memory: (u64, u64, u64),
+    /// The memory budget.
+    pub memory: MemoryStats,
     /// The store's request metrics (bytes read from storage, requests, latencies), when the
     /// source is a store.
     pub storage: Option<stoker_store::MetricsSnapshot>,
@@ -191,7 +202,11 @@ impl StatsHub {
                 })
                 .collect(),
             autotune: self.autotune.lock().clone(),
-            memory: (budget.used(), budget.peak(), budget.limit()),
+            memory: MemoryStats {
+                held: budget.used(),
+                peak: budget.peak(),
+                limit: budget.limit(),
+            },
             storage: store.map(|s| s.metrics()),
             cache: self.cache.as_ref().map(|c| SampleCacheStats {
                 hits: ld(&c.hits),

@@ -71,12 +71,12 @@ fn a_memory_limit_among_the_store_options_is_the_run_s_budget() {
     big(); // the objects
     let mut run = p.clone().run().unwrap();
     run.next().unwrap().unwrap();
-    assert_eq!(run.stats().memory.2, 24 << 20);
+    assert_eq!(run.stats().memory.limit, 24 << 20);
     drop(run);
     let both = p.options(RunOptions::default().with_memory_limit(16 << 20));
     let mut run = both.run().unwrap();
     run.next().unwrap().unwrap();
-    assert_eq!(run.stats().memory.2, 16 << 20);
+    assert_eq!(run.stats().memory.limit, 16 << 20);
 }
 
 #[test]
@@ -105,7 +105,7 @@ fn what_operators_add_to_samples_counts_in_the_budget() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(n, 96);
-    let (_, peak, _) = run.stats().memory;
+    let peak = run.stats().memory.peak;
     // About the budget's worth of grown samples in flight (plus the 16 admitted before
     // the first one is measured), and the budget saw them.
     assert!(
@@ -135,13 +135,13 @@ fn held_within_the_budget(p: Pipeline) {
     );
     while let Some(item) = run.next() {
         samples += item.unwrap().samples();
-        held_max = held_max.max(run.stats().memory.0);
+        held_max = held_max.max(run.stats().memory.held);
         // The consumer is much slower than the source.
         std::thread::sleep(Duration::from_millis(15));
     }
     assert_eq!(samples, 96);
     let st = run.stats();
-    let (_, peak, lim) = st.memory;
+    let (peak, lim) = (st.memory.peak, st.memory.limit);
     assert_eq!(lim, limit);
     assert!(peak <= limit, "budget peak {peak} over {limit}");
     // Four times the budget went through, and the budget was used (it bounds, and it is
