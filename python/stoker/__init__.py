@@ -25,6 +25,7 @@ See ``docs/python.md``.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -399,6 +400,21 @@ class Pipeline:
         return self._p.run_options()
 
     # Running --------------------------------------------------------------------------
+
+    def index(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """A shard index of this pipeline's source: ``{"shards": [{"url": ..., "records": N},
+        ...]}``, every shard read whole to count its records (Parquet reads only its
+        footers; one-sample-per-object formats count 1 each; a record that fails to parse
+        counts too, as it takes its place in a run's positions), many shards at once. What
+        ``stoker index`` writes, and what :meth:`shard_index` reads for the contiguous
+        split. With ``path``, also written there as JSON (a local file)."""
+        _threads.check_fork()
+        index = {"shards": [{"url": u, "records": n} for u, n in self._p.count_records()]}
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(index, f, indent=2)
+                f.write("\n")
+        return index
 
     def explain(self) -> str:
         """The plan the optimizer makes, with its reasons."""

@@ -206,3 +206,32 @@ def test_ranks_split_parquet_contiguously_and_tar_with_a_shard_index(s3, prefix)
         list(tar.shard_index(url).shard(0, 2))
     with pytest.raises(ValueError, match="split must be"):
         tar.split_mode("sideways")
+
+
+def test_index_counts_every_shard_and_feeds_the_contiguous_split(s3, prefix, tmp_path):
+    counts = [3, 9, 1, 6]
+    for shard, n in enumerate(counts):
+        samples = [{"__key__": f"s{shard}/{i:03d}", "txt": b"y" * (100 + i)} for i in range(n)]
+        s3.put(f"{prefix}shards/shard-{shard}.tar", tar_shard(samples))
+    tar = stoker.from_url(f"s3://data/{prefix}shards/", format="tar", **s3.options)
+    out = tmp_path / "index.json"
+    index = tar.index(out)
+    assert index == {"shards": [{"url": f"s3://data/{prefix}shards/shard-{s}.tar", "records": n}
+                                for s, n in enumerate(counts)]}
+    assert json.loads(out.read_text()) == index
+    # The index, put where the ranks can read it, makes the split contiguous.
+    url = s3.put(f"{prefix}index.json", out.read_bytes())
+    keys = []
+    for rank in range(3):
+        p = tar.shard_index(url).shard(rank, 3)
+        assert "rank split contiguous" in p.explain()
+        got = [s["__key__"] for s in p]
+        assert len(got) == sum(counts) // 3
+        keys += got
+    assert len(set(keys)) == len(keys) == sum(counts) // 3 * 3
+    # A failed record takes its place in the count, as it does in a run's positions (so a
+    # skip policy keeps ranks aligned); the run itself names it.
+    s3.put(f"{prefix}shards/shard-9.tar", b"not a tar archive" * 40)
+    assert tar.index()["shards"][-1] == {"url": f"s3://data/{prefix}shards/shard-9.tar", "records": 1}
+    with pytest.raises(stoker.DataError, match="shard-9.tar"):
+        list(tar)

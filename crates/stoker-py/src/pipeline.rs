@@ -443,6 +443,14 @@ impl PyPipeline {
         self.start.as_ref().map(PipelineState::to_json)
     }
 
+    /// Every shard with its record count (`(url, records)`), read whole; Parquet reads only
+    /// its footers. Interruptible, off the GIL.
+    fn count_records(&self, py: Python<'_>) -> PyResult<Vec<(String, u64)>> {
+        let p = self.p.clone();
+        let counted = wait::on_thread(py, "stoker-count", move || p.count_records())?;
+        counted.map_err(|e| pipeline_error(py, e))
+    }
+
     /// The optimizer's plan with its reasons.
     fn explain(&self) -> String {
         self.p.explain()
