@@ -31,6 +31,27 @@ async fn setup(opts: StoreOptions) -> (TestServer, Store) {
     (server, store)
 }
 
+/// A store without a block cache, `retries` retries and parts of `part_size`, over a server
+/// whose next `times` GETs each deliver `after_bytes` of the body and are then cut.
+async fn with_cuts(
+    retries: usize,
+    part_size: u64,
+    after_bytes: u64,
+    times: u32,
+) -> (TestServer, Store) {
+    let opts = StoreOptions::default()
+        .with_retries(retries, Duration::from_secs(30))
+        .with_part_size(part_size)
+        .with_cache_memory(0);
+    let (server, store) = setup(opts).await;
+    server.faults().add(
+        FaultRule::new(Fault::ShortBody { after_bytes })
+            .method("GET")
+            .times(times),
+    );
+    (server, store)
+}
+
 fn fast_retries() -> StoreOptions {
     StoreOptions::default()
         .with_retries(4, Duration::from_secs(30))
@@ -180,18 +201,7 @@ async fn changed_object_is_never_served_from_old_blocks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncached_streams_pass_chunks_through_and_resume() {
     // With no cache, parts are streamed as the network's chunks (no copy); cuts still resume.
-    let opts = StoreOptions::default()
-        .with_retries(2, Duration::from_secs(30))
-        .with_part_size(256 * 1024)
-        .with_cache_memory(0);
-    let (server, store) = setup(opts).await;
-    server.faults().add(
-        FaultRule::new(Fault::ShortBody {
-            after_bytes: 50_000,
-        })
-        .method("GET")
-        .times(4),
-    );
+    let (_server, store) = with_cuts(2, 256 * 1024, 50_000, 4).await;
     let parts: Vec<bytes::Bytes> = futures::TryStreamExt::try_collect(
         store
             .read_stream("obj.bin", Some(1000..(1 << 20) - 7))
@@ -208,18 +218,7 @@ async fn uncached_streams_pass_chunks_through_and_resume() {
 async fn cuts_that_make_progress_do_not_use_up_the_retry_budget() {
     // One retry allowed, eight cuts: each resume delivers 100 KB before the next cut, so the
     // read keeps going (the budget counts failures in a row, not cuts in all).
-    let opts = StoreOptions::default()
-        .with_retries(1, Duration::from_secs(30))
-        .with_part_size(4 << 20)
-        .with_cache_memory(0);
-    let (server, store) = setup(opts).await;
-    server.faults().add(
-        FaultRule::new(Fault::ShortBody {
-            after_bytes: 100_000,
-        })
-        .method("GET")
-        .times(8),
-    );
+    let (_server, store) = with_cuts(1, 4 << 20, 100_000, 8).await;
     let got = store.get_range("obj.bin", 0..(1 << 20)).await.unwrap();
     assert_eq!(got, data(1 << 20));
     assert!(store.metrics().resumes >= 4, "{:?}", store.metrics());
@@ -227,16 +226,7 @@ async fn cuts_that_make_progress_do_not_use_up_the_retry_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cuts_without_progress_fail_after_the_budget_naming_the_range() {
-    let opts = StoreOptions::default()
-        .with_retries(2, Duration::from_secs(30))
-        .with_part_size(256 * 1024)
-        .with_cache_memory(0);
-    let (server, store) = setup(opts).await;
-    server.faults().add(
-        FaultRule::new(Fault::ShortBody { after_bytes: 0 })
-            .method("GET")
-            .times(1000),
-    );
+    let (_server, store) = with_cuts(2, 256 * 1024, 0, 1000).await;
     let stream = store
         .read_stream("obj.bin", Some(0..(1 << 20)))
         .await
@@ -257,16 +247,7 @@ async fn cuts_without_progress_fail_after_the_budget_naming_the_range() {
 async fn a_server_that_trickles_bytes_before_each_cut_fails_after_the_budget() {
     // Every response delivers 1,000 bytes and is cut: bytes arrive, but a 256 KiB part would
     // take 262 requests. That is not progress; the read fails after the retry budget.
-    let opts = StoreOptions::default()
-        .with_retries(3, Duration::from_secs(30))
-        .with_part_size(256 * 1024)
-        .with_cache_memory(0);
-    let (server, store) = setup(opts).await;
-    server.faults().add(
-        FaultRule::new(Fault::ShortBody { after_bytes: 1000 })
-            .method("GET")
-            .times(100_000),
-    );
+    let (_server, store) = with_cuts(3, 256 * 1024, 1000, 100_000).await;
     let e = store
         .get_range("obj.bin", 0..(256 * 1024))
         .await
@@ -282,18 +263,7 @@ async fn a_server_that_trickles_bytes_before_each_cut_fails_after_the_budget() {
 async fn cuts_near_the_end_of_a_small_range_still_make_progress() {
     // One retry allowed; every response delivers 20,000 bytes of a 50,000-byte range. Each
     // is more than a quarter of what was left, so each counts as progress.
-    let opts = StoreOptions::default()
-        .with_retries(1, Duration::from_secs(30))
-        .with_part_size(4 << 20)
-        .with_cache_memory(0);
-    let (server, store) = setup(opts).await;
-    server.faults().add(
-        FaultRule::new(Fault::ShortBody {
-            after_bytes: 20_000,
-        })
-        .method("GET")
-        .times(100),
-    );
+    let (_server, store) = with_cuts(1, 4 << 20, 20_000, 100).await;
     let got = store.get_range("small.bin", 0..50_000).await.unwrap();
     assert_eq!(got, data(100_000)[..50_000]);
 }
