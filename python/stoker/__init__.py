@@ -377,12 +377,18 @@ class Pipeline:
         autotune: bool | None = None,
         window: int | None = None,
         columnar: bool | None = None,
+        share_store: bool | None = None,
     ) -> Pipeline:
         """Changes the given run options and keeps the others: ``threads`` (CPU workers),
         ``memory_limit`` (bytes or ``"2GiB"``: the one budget), ``deterministic`` (same
         order whatever the parallelism; default true), ``errors`` (``"raise"`` or
         ``"skip"``), ``autotune``, ``window`` (samples in flight), ``columnar`` (Parquet
-        read straight into batches where the result is identical; default true)."""
+        read straight into batches where the result is identical; default true),
+        ``share_store`` (read through the process's store for the source's bucket and
+        store options, which ``stoker.io.open`` shares too, so that its block cache and
+        connections carry over to the next run, such as the next epoch; default false,
+        and true in :class:`stoker.torch.Dataset`; ``stoker.io.clear_cache()`` lets the
+        shared stores go)."""
         given = {
             "threads": threads,
             "memory_limit": memory_limit,
@@ -391,6 +397,7 @@ class Pipeline:
             "autotune": autotune,
             "window": window,
             "columnar": columnar,
+            "share_store": share_store,
         }
         return self._then(self._p.options(**given), "options", **given)
 
@@ -469,7 +476,7 @@ class Pipeline:
 
 def from_url(
     url: str | os.PathLike[str],
-    format: str = "files",
+    format: str = "auto",
     *,
     glob: str | None = None,
     endpoint: str | None = None,
@@ -481,7 +488,11 @@ def from_url(
 ) -> Pipeline:
     """Every object under ``url`` (or the one object it names), read as ``format``:
     ``files``, ``imagefolder``, ``tar`` (WebDataset), ``tfrecord``, ``parquet``, ``jsonl``
-    or ``csv``.
+    or ``csv``; ``auto`` (the default) chooses from the objects' extensions when a run lists
+    them (``.tar``; ``.tfrecord``, ``.tfrecords``, ``.tfrec``; ``.parquet``, ``.pq``;
+    ``.jsonl``, ``.ndjson``; ``.csv``), ``files`` when none has one of them, and refuses
+    objects of a record format mixed with others (name the format and a ``glob``).
+    ``imagefolder`` (labels from class directories) is never guessed.
 
     Keyword options are store options (``endpoint``, ``region``, ``access_key``,
     ``secret_key``, ``allow_http``, and every key of the CLI's ``-o KEY=VALUE``:

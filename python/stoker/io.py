@@ -95,8 +95,10 @@ class ObjectFileIO(_io.RawIOBase):
 
 
 def clear_cache() -> None:
-    """Lets the shared stores go, with their cached blocks and connections: later opens
-    start afresh. Files still open keep reading through their store until closed."""
+    """Lets the shared stores go, with their cached blocks and connections: later opens,
+    and later runs of pipelines with ``share_store`` (as :class:`stoker.torch.Dataset`'s
+    epochs), start afresh. Files still open and runs still going keep reading through
+    their store until they end."""
     _native.clear_stores()
 
 

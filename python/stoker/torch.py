@@ -185,7 +185,12 @@ class Dataset(tud.IterableDataset):
 
     Epochs: each iteration is the next epoch, 0, 1, 2, ... (the pipeline run with
     ``first_epoch(e)``), so the shard order, the shuffle buffer and random operators draw
-    anew every epoch, exactly as one run of the pipeline over several epochs would.
+    anew every epoch, exactly as one run of the pipeline over several epochs would. The
+    runs read through the process's shared store (``options(share_store=True)``, unless the
+    pipeline sets it), so an epoch reads from the block cache what earlier ones left there,
+    as one run would: from object storage, up to half the memory budget by default
+    (``cache_memory`` sets the size, ``cache_memory=0`` turns it off, ``cache_dir`` adds a
+    disk tier; local files are not copied, the page cache holds them).
     ``set_epoch(e)`` makes the next iteration epoch ``e`` (as ``DistributedSampler``'s);
     it is needed only with torch's own ``DataLoader`` and workers, whose worker copies do
     not see the iterations counted here (:class:`DataLoader` counts for its workers).
@@ -263,7 +268,14 @@ class Dataset(tud.IterableDataset):
     def pipeline_for(self, part: int, parts: int) -> Pipeline:
         """The pipeline that worker ``part`` of this rank's ``parts`` workers runs (``0``
         of ``1`` without workers): this rank's share, dealt out to the workers."""
-        return self.pipeline.shard(self.rank, self.world_size, self.policy, part=part, parts=parts)
+        p = self.pipeline.shard(self.rank, self.world_size, self.policy, part=part, parts=parts)
+        chosen = any(
+            name == "options" and kwargs.get("share_store") is not None
+            for name, _, kwargs in self.pipeline._recipe
+        )
+        # Each iteration is a run: the shared store carries the block cache from epoch to
+        # epoch, as one run over several epochs would keep it.
+        return p if chosen else p.options(share_store=True)
 
     def set_epoch(self, epoch: int) -> None:
         """The next iteration is epoch ``epoch`` (its shard order, shuffle and random

@@ -143,6 +143,40 @@ def test_parquet_written_by_pyarrow(s3, prefix):
         assert list(x["name"]) == list(y["name"])
 
 
+def test_the_default_format_follows_the_extensions(s3, prefix, local_dir):
+    rows = [{"i": i} for i in range(6)]
+    s3.put(f"{prefix}j/part-0.jsonl", jsonl(rows[:4]))
+    s3.put(f"{prefix}j/part-1.jsonl", jsonl(rows[4:]))
+    assert [g["i"] for g in read_all(stoker.from_url(f"s3://data/{prefix}j/", **s3.options))] == list(
+        range(6)
+    )
+    samples = [{"__key__": f"{i:03d}", "txt": f"t{i}".encode()} for i in range(4)]
+    s3.put(f"{prefix}t/shard-0.tar", tar_shard(samples))
+    got = read_all(stoker.from_url(f"s3://data/{prefix}t/", **s3.options))
+    assert [(g["__key__"], bytes(g["txt"])) for g in got] == [
+        (s["__key__"], s["txt"]) for s in samples
+    ]
+    # Parquet under auto takes the columnar path too (the format is known once listed).
+    table = pa.table({"id": pa.array(range(300), pa.int64())})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=100)
+    s3.put(f"{prefix}p/t.parquet", sink.getvalue().to_pybytes())
+    run = stoker.from_url(f"s3://data/{prefix}p/", **s3.options).batch(100).run()
+    assert [int(b["id"][0]) for b in run] == [0, 100, 200]
+    assert run.columnar
+    # No record extension: files. A record format mixed with other objects is refused,
+    # naming both; a glob picks the records.
+    (local_dir / "a.jpg").write_bytes(b"jpeg")
+    assert [bytes(f["jpg"]) for f in read_all(stoker.from_url(str(local_dir) + "/"))] == [b"jpeg"]
+    s3.put(f"{prefix}t/index.json", b"{}")
+    with pytest.raises(ValueError, match=r"1 objects are tar \(.*shard-0.tar\) and 1 are not \(.*index.json\)"):
+        read_all(stoker.from_url(f"s3://data/{prefix}t/", **s3.options))
+    assert len(read_all(stoker.from_url(f"s3://data/{prefix}t/", glob="*.tar", **s3.options))) == 4
+    # Format options must be the chosen format's.
+    with pytest.raises(ValueError, match=r"columns is for the parquet format, not jsonl"):
+        read_all(stoker.from_url(f"s3://data/{prefix}j/", columns=["i"], **s3.options))
+
+
 def test_files_and_imagefolder_from_a_local_directory(local_dir):
     for cls in ("cat", "dog"):
         (local_dir / cls).mkdir()

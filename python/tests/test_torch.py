@@ -20,6 +20,7 @@ import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader as TorchDataLoader
 
 import stoker
+import stoker.io
 import stoker.torch as st
 from datasets import tar_shard
 
@@ -607,3 +608,40 @@ def test_a_state_of_the_wrong_rank_is_refused():
     ds1 = st.Dataset(numbers(8), rank=1, world_size=2)
     with pytest.raises(ValueError, match="rank 0 of 2"):
         ds1.load_state_dict(ds0.state_dict())
+
+
+# Epochs share the store ------------------------------------------------------------------
+
+
+def server_requests(s3) -> int:
+    return int(s3.control("stats")["requests"])
+
+
+def test_an_epoch_reads_what_the_last_one_cached(s3, prefix):
+    stoker.io.clear_cache()
+    p = tensor_pipeline(s3, prefix, 24).shuffle_shards().batch(4).seed(5)
+    loader = st.DataLoader(st.Dataset(p))
+    before = server_requests(s3)
+    first = batches_as_lists(loader)
+    assert server_requests(s3) - before >= 3  # the three shards (and the listing)
+    # The next epoch is a new run over the same shared store: nothing is fetched again.
+    before = server_requests(s3)
+    second = batches_as_lists(loader)
+    assert server_requests(s3) - before <= 1  # at most a listing
+    assert first != second and sorted(sum(first, [])) == sorted(sum(second, []))
+    # stoker.io.open reads through the same store.
+    before = server_requests(s3)
+    with stoker.io.open(f"s3://data/{prefix}shard-00000.tar", **s3.options) as f:
+        assert f.read(512)[:5] == b"00000"
+    assert server_requests(s3) == before
+    # share_store=False: each epoch starts with a store of its own.
+    own = st.DataLoader(st.Dataset(p.options(share_store=False)))
+    assert batches_as_lists(own) == first
+    before = server_requests(s3)
+    assert batches_as_lists(own) == second
+    assert server_requests(s3) - before >= 3
+    # Cleared: the next epoch fetches again.
+    stoker.io.clear_cache()
+    before = server_requests(s3)
+    batches_as_lists(loader)
+    assert server_requests(s3) - before >= 3

@@ -474,6 +474,13 @@ pub fn explain(p: &Pipeline) -> String {
     for op in &p.ops {
         s.push_str(&format!("  {}\n", op_name(op)));
     }
+    if matches!(p.format, FormatChoice::Auto(_)) {
+        ph.explain.push(
+            "format auto: a run picks the format from the listed objects' extensions, then \
+             its plan (the columnar path, the rank split) follows that format"
+                .into(),
+        );
+    }
     match read_path(p, &ph) {
         ReadPath::RowsOnly => s.push_str("physical:\n  source\n"),
         ReadPath::Rows(why) => {
@@ -853,9 +860,10 @@ pub struct Run {
     columnar: bool,
     budget: MemoryBudget,
     store: Option<stoker_store::Store>,
+    storage_baseline: Option<stoker_store::MetricsSnapshot>,
     shards: usize,
     threads: Vec<JoinHandle<()>>,
-    runtime: Option<tokio::runtime::Runtime>,
+    runtime: Option<RunRuntime>,
 }
 
 impl std::fmt::Debug for Run {
@@ -886,6 +894,22 @@ impl Pipeline {
     }
 }
 
+/// A run's I/O runtime: its own (shut down when the run ends), or the process's shared one
+/// (with a shared store).
+enum RunRuntime {
+    Own(tokio::runtime::Runtime),
+    Shared(Arc<tokio::runtime::Runtime>),
+}
+
+impl RunRuntime {
+    fn handle(&self) -> &tokio::runtime::Handle {
+        match self {
+            RunRuntime::Own(rt) => rt.handle(),
+            RunRuntime::Shared(rt) => rt.handle(),
+        }
+    }
+}
+
 /// The I/O runtime a run (or a count of a dataset's records) reads its store on.
 pub(crate) fn io_runtime() -> Result<tokio::runtime::Runtime, Error> {
     tokio::runtime::Builder::new_multi_thread()
@@ -899,11 +923,28 @@ pub(crate) fn io_runtime() -> Result<tokio::runtime::Runtime, Error> {
 impl Run {
     fn start(p: &Pipeline, state: Option<PipelineState>) -> Result<Run, Error> {
         p.validate()?;
-        let runtime = io_runtime()?;
         let memory_limit = p.memory_limit();
-        let budget = match memory_limit {
-            Some(l) => MemoryBudget::new(l),
-            None => MemoryBudget::from_system(),
+        // A run that reads its data once has no use for a memory block cache, unless it
+        // shares its store with the runs that follow it.
+        let single_pass = p.epochs.is_some_and(|e| e <= 1) && !p.options.share_store;
+        // A shared store brings its runtime (its connections live there) and its budget (its
+        // cached blocks count against it).
+        let (runtime, opened) = match &p.source {
+            crate::plan::Source::Url { url, options, .. } if p.options.share_store => {
+                let options = crate::source::url_store_options(options, memory_limit, single_pass);
+                let opened = crate::shared::shared_store(url, &options)
+                    .map_err(|e| Error::storage(e.to_string()))?;
+                (
+                    RunRuntime::Shared(crate::shared::shared_runtime()?),
+                    Some(opened),
+                )
+            }
+            _ => (RunRuntime::Own(io_runtime()?), None),
+        };
+        let budget = match (&opened, memory_limit) {
+            (Some((store, _)), _) => store.budget().clone(),
+            (None, Some(l)) => MemoryBudget::new(l),
+            (None, None) => MemoryBudget::from_system(),
         };
         if let Some(s) = &state {
             if s.epoch < p.first_epoch {
@@ -920,8 +961,19 @@ impl Run {
             runtime.handle(),
             Some(budget.clone()),
             memory_limit,
-            p.epochs.is_some_and(|e| e <= 1),
+            single_pass,
+            opened,
         )?;
+        // `auto` is decided now that the objects are listed: the plan below sees the format.
+        let detected;
+        let p = if matches!(p.format, FormatChoice::Auto(_)) {
+            let mut q = p.clone();
+            q.format = FormatChoice::Fixed(ds.format.clone());
+            detected = q;
+            &detected
+        } else {
+            p
+        };
         if p.cache {
             ds.cache = Some(match &p.cache_dir {
                 Some(dir) => {
@@ -1168,6 +1220,7 @@ impl Run {
             columnar: collate_stage.is_some(),
             budget,
             store: ds.store.clone(),
+            storage_baseline: ds.storage_baseline.clone(),
             shards: ds.shards.len(),
             threads: handles,
             runtime: Some(runtime),
@@ -1176,9 +1229,11 @@ impl Run {
 
     /// Statistics now (cheap; safe to call while iterating from another thread's copy).
     pub fn stats(&self) -> Stats {
-        self.shared
-            .stats
-            .snapshot(&self.budget, self.store.as_ref())
+        self.shared.stats.snapshot(
+            &self.budget,
+            self.store.as_ref(),
+            self.storage_baseline.as_ref(),
+        )
     }
 
     /// Whether the source reads columns straight into batches (the columnar path; see
@@ -1350,7 +1405,7 @@ impl Drop for Run {
             let _ = t.join();
         }
         // Without waiting for I/O tasks, so that a run may be dropped from async code too.
-        if let Some(rt) = self.runtime.take() {
+        if let Some(RunRuntime::Own(rt)) = self.runtime.take() {
             rt.shutdown_background();
         }
         // The batch buffers kept for this run's next batches are not needed any more.

@@ -36,6 +36,7 @@ mod image_ops;
 mod ops;
 mod pack;
 mod plan;
+pub mod shared;
 pub use stoker_core::rng;
 mod diskcache;
 mod source;

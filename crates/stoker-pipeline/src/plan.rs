@@ -51,6 +51,10 @@ pub enum FormatChoice {
     ImageFolder,
     /// A fixed format.
     Fixed(Arc<dyn Format>),
+    /// Chosen from the listed objects' extensions when a run lists the source (`.tar`,
+    /// `.tfrecord`, `.parquet`, `.jsonl`, `.csv`; objects with none of them: files), with
+    /// these format options (see [`crate::spec::detect_format`]).
+    Auto(Arc<crate::spec::FormatOptions>),
 }
 
 /// What happens to a bad record or a failing operator.
@@ -180,6 +184,13 @@ pub struct RunOptions {
     /// from its columns, when the result is the same (default true; see `docs/pipeline.md`,
     /// "The columnar path"). False always reads rows as samples.
     pub columnar: bool,
+    /// Read a URL source through the process's shared store for its bucket and options
+    /// (see [`crate::shared`]), so that its block cache, connections and metadata carry
+    /// over to later runs, such as the next epoch of a training loop that starts a run per
+    /// epoch (default false: a run's store ends with it). Such a run keeps a memory block
+    /// cache even when it reads one epoch (the store's default: half its budget for an
+    /// object store, none for local files; `cache_memory` sets it).
+    pub share_store: bool,
 }
 
 impl Default for RunOptions {
@@ -192,6 +203,7 @@ impl Default for RunOptions {
             memory_limit: None,
             window: 1024,
             columnar: true,
+            share_store: false,
         }
     }
 }
@@ -230,6 +242,11 @@ impl RunOptions {
     /// Allows or forbids the columnar path.
     pub fn with_columnar(mut self, on: bool) -> Self {
         self.columnar = on;
+        self
+    }
+    /// Reads through the process's shared store (see [`RunOptions::share_store`]).
+    pub fn with_share_store(mut self, on: bool) -> Self {
+        self.share_store = on;
         self
     }
 }

@@ -34,7 +34,7 @@ use futures::StreamExt;
 use stoker_core::{CollatePolicy, Columns, Error, Sample};
 use stoker_formats::files::{Files, ImageFolder};
 use stoker_formats::{Access, ByteSource, ChunkCursor, Format, Input, RandomAccess, ShardInfo};
-use stoker_store::{FetchManyOptions, ListOptions, Store};
+use stoker_store::{FetchManyOptions, ListOptions, MetricsSnapshot, Store, StoreOptions};
 
 use crate::ops::{OpContext, SampleOp};
 use crate::plan::{FormatChoice, RankPolicy, RankSplit, Source};
@@ -141,6 +141,9 @@ pub(crate) struct Dataset {
     /// samples so far (1024 until one is measured): the source reserves a sample's bytes
     /// times this, so that the budget holds what the sample will be, not what was read.
     pub growth: std::sync::atomic::AtomicU64,
+    /// The store's metrics when the dataset was resolved: a shared store's counters also
+    /// count earlier runs, and a run's stats report what happened since.
+    pub storage_baseline: Option<MetricsSnapshot>,
 }
 
 /// Parsed records kept in memory across epochs (`Pipeline::cache`), shard by shard, within
@@ -289,12 +292,30 @@ impl std::fmt::Debug for Dataset {
     }
 }
 
+/// The store options a run opens a URL source's store with: the source's, with the run's
+/// memory limit, and without a memory block cache for a run that reads its data once
+/// (`single_pass`: one epoch, in a store of its own) unless the options set
+/// `cache_memory`: nothing would be read twice, and every block kept would be memory taken
+/// from the budget for nothing.
+pub(crate) fn url_store_options(
+    options: &StoreOptions,
+    memory_limit: Option<u64>,
+    single_pass: bool,
+) -> StoreOptions {
+    let mut options = options.clone();
+    if let Some(l) = memory_limit {
+        options = options.with_memory_limit(l);
+    }
+    if single_pass && options.cache_memory.is_none() {
+        options = options.with_cache_memory(0);
+    }
+    options
+}
+
 impl Dataset {
-    /// Lists the source and picks the format. A run that reads its data once
-    /// (`single_pass`: one epoch) opens a store from a URL without a memory block cache
-    /// unless its options set `cache_memory`: nothing would be read twice (each run opens
-    /// its own store, so no other run could use the blocks either), and every block kept
-    /// would be memory taken from the budget for nothing. A store given by the caller
+    /// Lists the source and picks the format. A URL source is read through `opened` (a
+    /// shared store and the key the URL names in it) when given, else through a store of
+    /// its own opened with [`url_store_options`]. A store given by the caller
     /// (`Source::Keys`) is used as it is.
     pub(crate) fn resolve(
         source: &Source,
@@ -303,8 +324,10 @@ impl Dataset {
         budget: Option<stoker_core::MemoryBudget>,
         memory_limit: Option<u64>,
         single_pass: bool,
+        opened: Option<(Store, String)>,
     ) -> Result<Dataset, Error> {
         let storage = |e: stoker_store::Error| Error::storage(e.to_string());
+        let mut baseline = None;
         let (store, infos, memory, prefix) = match source {
             Source::Memory(m) => {
                 let shards = (0..m.len())
@@ -313,19 +336,20 @@ impl Dataset {
                 (None, shards, Some(m.clone()), String::new())
             }
             Source::Url { url, options, glob } => {
-                let mut options = (**options).clone();
-                if let Some(l) = memory_limit {
-                    options = options.with_memory_limit(l);
-                }
-                if single_pass && options.cache_memory.is_none() {
-                    options = options.with_cache_memory(0);
-                }
-                let store = match budget.clone() {
-                    Some(b) => Store::open_with_budget(url, options, b),
-                    None => Store::open(url, options),
-                }
-                .map_err(storage)?;
-                let key = store.url_key().to_string();
+                let (store, key) = match opened {
+                    Some(o) => o,
+                    None => {
+                        let options = url_store_options(options, memory_limit, single_pass);
+                        let store = match budget.clone() {
+                            Some(b) => Store::open_with_budget(url, options, b),
+                            None => Store::open(url, options),
+                        }
+                        .map_err(storage)?;
+                        let key = store.url_key().to_string();
+                        (store, key)
+                    }
+                };
+                baseline = Some(store.metrics());
                 let mut lo = ListOptions::default();
                 if let Some(g) = glob {
                     lo = lo.with_glob(g.clone());
@@ -369,6 +393,7 @@ impl Dataset {
                 (Some(store), shards, None, prefix)
             }
             Source::Keys { store, keys } => {
+                baseline = Some(store.metrics());
                 let shards = keys
                     .iter()
                     .map(|k| ShardInfo::new(k.clone(), store.object_url(k)))
@@ -376,7 +401,21 @@ impl Dataset {
                 (Some(store.clone()), shards, None, String::new())
             }
         };
+        let detected;
+        let format = match format {
+            FormatChoice::Auto(fo) => {
+                let url = match source {
+                    Source::Url { url, .. } => url.as_str(),
+                    _ => "the source",
+                };
+                detected =
+                    crate::spec::detect_format(infos.iter().map(|s| s.key.as_str()), fo, url)?;
+                &detected
+            }
+            other => other,
+        };
         let format: Arc<dyn Format> = match format {
+            FormatChoice::Auto(_) => unreachable!("detected above"),
             FormatChoice::Files => Arc::new(Files { prefix }),
             FormatChoice::ImageFolder => Arc::new(ImageFolder::from_keys(
                 &prefix,
@@ -385,6 +424,7 @@ impl Dataset {
             FormatChoice::Fixed(f) => f.clone(),
         };
         Ok(Dataset {
+            storage_baseline: baseline,
             store,
             shards: Arc::new(infos),
             memory,

@@ -4,7 +4,8 @@
 //! ```toml
 //! source = "s3://bucket/train/"     # every object under the prefix (or one object)
 //! glob = "*.tar"                     # optional
-//! format = "tar"                     # files | imagefolder | tar | tfrecord | parquet | jsonl | csv
+//! format = "tar"                     # auto (default: by extension) | files | imagefolder | tar
+//!                                    # | tfrecord | parquet | jsonl | csv
 //! seed = 1
 //! epochs = 1
 //! first_epoch = 0                   # a run starts at this epoch (its random choices)
@@ -67,7 +68,8 @@ pub struct PipelineSpec {
     /// Only keys matching this glob.
     #[serde(default)]
     pub glob: Option<String>,
-    /// The record format.
+    /// The record format (default `auto`: from the objects' extensions).
+    #[serde(default = "auto")]
     pub format: String,
     /// Format options.
     #[serde(default)]
@@ -101,6 +103,9 @@ pub struct PipelineSpec {
     pub store: BTreeMap<String, toml_like::Scalar>,
 }
 
+fn auto() -> String {
+    "auto".into()
+}
 fn one() -> u64 {
     1
 }
@@ -149,6 +154,124 @@ impl FormatOptions {
         }
         Ok(())
     }
+}
+
+/// The format called `name` in a spec, with its options (`auto`: chosen when a run lists
+/// the source, see [`detect_format`]).
+pub(crate) fn named_format(name: &str, fo: &FormatOptions) -> Result<FormatChoice, Error> {
+    if name == "auto" {
+        return Ok(FormatChoice::Auto(Arc::new(fo.clone())));
+    }
+    fo.check(name)?;
+    let fixed = |f: Arc<dyn Format>| FormatChoice::Fixed(f);
+    Ok(match name {
+        "files" => FormatChoice::Files,
+        "imagefolder" => FormatChoice::ImageFolder,
+        "tar" | "webdataset" => fixed(Arc::new(Tar)),
+        "tfrecord" => fixed(Arc::new(TfRecord {
+            parse_examples: fo.parse_examples.unwrap_or(true),
+        })),
+        "parquet" => fixed(Arc::new(Parquet {
+            columns: fo.columns.clone(),
+        })),
+        "jsonl" => fixed(Arc::new(Jsonl)),
+        "csv" => {
+            let mut c = Csv::default();
+            if let Some(d) = &fo.delimiter {
+                let b = d.as_bytes();
+                if b.len() != 1 {
+                    return Err(Error::invalid(format!(
+                        "csv delimiter must be one byte, not {d:?}"
+                    )));
+                }
+                c.delimiter = b[0];
+            }
+            if let Some(h) = fo.has_header {
+                c.has_header = h;
+            }
+            if let Some(t) = fo.infer_types {
+                c.infer_types = t;
+            }
+            fixed(Arc::new(c))
+        }
+        other => {
+            return Err(Error::invalid(format!(
+                "unknown format {other:?} (auto, files, imagefolder, tar, tfrecord, parquet, \
+                 jsonl, csv)"
+            )))
+        }
+    })
+}
+
+/// The record formats `auto` recognises, by the end of an object's name (lower case).
+const EXTENSIONS: &[(&str, &str)] = &[
+    (".tar", "tar"),
+    (".tfrecord", "tfrecord"),
+    (".tfrecords", "tfrecord"),
+    (".tfrec", "tfrecord"),
+    (".parquet", "parquet"),
+    (".pq", "parquet"),
+    (".jsonl", "jsonl"),
+    (".ndjson", "jsonl"),
+    (".csv", "csv"),
+];
+
+/// The format of `keys` (the objects listed under `url`) for `format = "auto"`: the record
+/// format their extensions name when they all name the same one, `files` when none names
+/// one. Objects of two formats, or of one format mixed with others (an index, a README),
+/// are refused with both named: reading the others as records, or leaving them out, would
+/// be a guess. `fo` must hold only options of the format chosen.
+pub fn detect_format<'a>(
+    keys: impl IntoIterator<Item = &'a str>,
+    fo: &FormatOptions,
+    url: &str,
+) -> Result<FormatChoice, Error> {
+    // Per format: how many objects, and the first one.
+    let mut found: BTreeMap<&str, (u64, &str)> = BTreeMap::new();
+    let mut others: (u64, Option<&str>) = (0, None);
+    for key in keys {
+        let name = key.rsplit('/').next().unwrap_or(key).to_ascii_lowercase();
+        match EXTENSIONS.iter().find(|(ext, _)| name.ends_with(ext)) {
+            Some((_, format)) => found.entry(format).or_insert((0, key)).0 += 1,
+            None => {
+                others.0 += 1;
+                others.1.get_or_insert(key);
+            }
+        }
+    }
+    let how = "name the format (format = ...), and a glob (such as \"*.tar\") to read only \
+               the objects of that format";
+    let chosen = match (found.len(), others) {
+        (0, _) => "files",
+        (1, (0, _)) => *found.keys().next().expect("one"),
+        (1, (n, Some(other))) => {
+            let (format, (m, example)) = found.iter().next().expect("one");
+            return Err(Error::invalid(format!(
+                "format \"auto\": under {url}, {m} objects are {format} ({example}) and {n} \
+                 are not ({other}): {how}"
+            )));
+        }
+        _ => {
+            let list: Vec<String> = found
+                .iter()
+                .map(|(f, (n, example))| format!("{n} {f} ({example})"))
+                .collect();
+            let rest = match others {
+                (0, _) => String::new(),
+                (n, _) => format!(" and {n} others"),
+            };
+            return Err(Error::invalid(format!(
+                "format \"auto\": under {url} are objects of several formats, {}{rest}: {how}",
+                list.join(", ")
+            )));
+        }
+    };
+    named_format(chosen, fo).map_err(|e| {
+        Error::invalid(format!(
+            "{} (format \"auto\" chose {chosen} for the objects under {url})",
+            e.message
+        ))
+    })
 }
 
 /// `[rank]`.
@@ -426,46 +549,7 @@ impl PipelineSpec {
                 .set(k, &v.to_string())
                 .map_err(|e| Error::invalid(format!("[store] {k}: {e}")))?;
         }
-        let fo = &self.format_options;
-        fo.check(&self.format)?;
-        let fixed = |f: Arc<dyn Format>| FormatChoice::Fixed(f);
-        let format = match self.format.as_str() {
-            "files" => FormatChoice::Files,
-            "imagefolder" => FormatChoice::ImageFolder,
-            "tar" | "webdataset" => fixed(Arc::new(Tar)),
-            "tfrecord" => fixed(Arc::new(TfRecord {
-                parse_examples: fo.parse_examples.unwrap_or(true),
-            })),
-            "parquet" => fixed(Arc::new(Parquet {
-                columns: fo.columns.clone(),
-            })),
-            "jsonl" => fixed(Arc::new(Jsonl)),
-            "csv" => {
-                let mut c = Csv::default();
-                if let Some(d) = &fo.delimiter {
-                    let b = d.as_bytes();
-                    if b.len() != 1 {
-                        return Err(Error::invalid(format!(
-                            "csv delimiter must be one byte, not {d:?}"
-                        )));
-                    }
-                    c.delimiter = b[0];
-                }
-                if let Some(h) = fo.has_header {
-                    c.has_header = h;
-                }
-                if let Some(t) = fo.infer_types {
-                    c.infer_types = t;
-                }
-                fixed(Arc::new(c))
-            }
-            other => {
-                return Err(Error::invalid(format!(
-                    "unknown format {other:?} (files, imagefolder, tar, tfrecord, parquet, \
-                     jsonl, csv)"
-                )))
-            }
-        };
+        let format = named_format(&self.format, &self.format_options)?;
         let mut p = Pipeline::from_url(&self.source, store, format)
             .shuffle_shards(self.shuffle_shards)
             .interleave(self.interleave)
@@ -500,6 +584,59 @@ impl PipelineSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn detected(keys: &[&str], fo: FormatOptions) -> Result<String, String> {
+        match detect_format(keys.iter().copied(), &fo, "s3://b/d/") {
+            Ok(FormatChoice::Files) => Ok("files".into()),
+            Ok(FormatChoice::Fixed(f)) => Ok(f.name().into()),
+            Ok(other) => Ok(format!("{other:?}")),
+            Err(e) => Err(e.message),
+        }
+    }
+
+    #[test]
+    fn auto_reads_the_format_from_the_extensions_or_refuses_a_mix() {
+        let none = FormatOptions::default;
+        assert_eq!(detected(&["d/a.tar", "d/B.TAR"], none()).unwrap(), "tar");
+        for (key, format) in [
+            ("x.tfrecord", "tfrecord"),
+            ("x.tfrecords", "tfrecord"),
+            ("x.parquet", "parquet"),
+            ("x.jsonl", "jsonl"),
+            ("x.ndjson", "jsonl"),
+            ("x.csv", "csv"),
+        ] {
+            assert_eq!(detected(&[key, key], none()).unwrap(), format, "{key}");
+        }
+        // No record format: every object is a sample (a .tar.gz is not read as tar).
+        assert_eq!(
+            detected(&["d/c1/a.jpg", "d/b.txt", "d/s.tar.gz"], none()).unwrap(),
+            "files"
+        );
+        let e = detected(&["d/a.tar", "d/b.tar", "d/index.json"], none()).unwrap_err();
+        assert!(
+            e.contains("2 objects are tar (d/a.tar) and 1 are not (d/index.json)")
+                && e.contains("glob"),
+            "{e}"
+        );
+        let e = detected(&["d/a.tar", "d/b.parquet", "d/c.parquet"], none()).unwrap_err();
+        assert!(
+            e.contains("2 parquet (d/b.parquet), 1 tar (d/a.tar)"),
+            "{e}"
+        );
+        // Options must be the chosen format's.
+        let columns = || FormatOptions {
+            columns: Some(vec!["a".into()]),
+            ..Default::default()
+        };
+        assert_eq!(detected(&["d/a.parquet"], columns()).unwrap(), "parquet");
+        let e = detected(&["d/a.tar"], columns()).unwrap_err();
+        assert!(
+            e.contains("columns is for the parquet format, not tar")
+                && e.contains("auto\" chose tar"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_spec_with_every_kind_of_op_parses() {

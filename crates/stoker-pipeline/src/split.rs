@@ -339,6 +339,7 @@ impl crate::Pipeline {
             None,
             self.memory_limit(),
             true,
+            None,
         )?;
         let counts = if ds.per_object {
             vec![1; ds.shards.len()]

@@ -177,6 +177,7 @@ impl StatsHub {
         &self,
         budget: &stoker_core::MemoryBudget,
         store: Option<&stoker_store::Store>,
+        baseline: Option<&stoker_store::MetricsSnapshot>,
     ) -> Stats {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
@@ -207,7 +208,10 @@ impl StatsHub {
                 peak: budget.peak(),
                 limit: budget.limit(),
             },
-            storage: store.map(|s| s.metrics()),
+            storage: store.map(|s| match baseline {
+                Some(b) => s.metrics().since(b),
+                None => s.metrics(),
+            }),
             cache: self.cache.as_ref().map(|c| SampleCacheStats {
                 hits: ld(&c.hits),
                 stored: ld(&c.stored),

@@ -3,102 +3,41 @@
 //! an `io.RawIOBase` and usually an `io.BufferedReader`.
 //!
 //! Objects are read through one store per bucket (or host, or the local file system) and
-//! set of store options, shared by every `open` in the process: one block cache, one memory
-//! budget, one connection pool and one metadata cache, so a second `open` of an object, or
-//! of another range of it, reads what is cached. `stoker.io.clear_cache()` lets the shared
-//! stores go (files still open keep theirs).
+//! set of store options, shared by every `open` in the process and by pipeline runs with
+//! `share_store` (`stoker_pipeline::shared`): one block cache, one memory budget, one
+//! connection pool and one metadata cache, so a second `open` of an object, or of another
+//! range of it, reads what is cached. `stoker.io.clear_cache()` lets the shared stores go
+//! (files still open keep theirs).
 //!
-//! Reads run on one process-wide I/O runtime (two threads), created on first use and created
-//! again in a child after `fork()` (the parent's threads do not exist there; its runtime is
-//! forgotten, not shut down; the shared stores likewise). The caller waits for each read in slices, so Ctrl-C
-//! interrupts it; an interrupted read finishes in the background, and the next read waits
+//! Reads run on that module's process-wide I/O runtime (two threads), created on first use
+//! and created again in a child after `fork()` (the parent's threads do not exist there; its
+//! runtime is forgotten, not shut down; the shared stores likewise). The caller waits for
+//! each read in slices, so Ctrl-C interrupts it; an interrupted read finishes in the background, and the next read waits
 //! for it and then moves the reader back to the position Python last saw.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
-use stoker_store::{ObjectReader, Store, StoreOptions, StoreUrl};
+use stoker_store::ObjectReader;
 
 use crate::error::{internal, store_error};
 use crate::pipeline::store_options;
 use crate::wait;
 
-static RUNTIME: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
-
-/// This process's I/O runtime.
+/// This process's I/O runtime (the one shared stores read on).
 fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
-    let pid = std::process::id();
-    let mut slot = RUNTIME.lock();
-    match slot.as_ref() {
-        Some((p, rt)) if *p == pid => return Ok(rt.clone()),
-        Some(_) => {
-            // Inherited through fork(): its worker threads are not in this process.
-            if let Some(old) = slot.take() {
-                std::mem::forget(old);
-            }
-        }
-        None => {}
-    }
-    let rt = Arc::new(
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("stoker-py-io")
-            .enable_all()
-            .build()
-            .map_err(|e| internal(format!("cannot start the I/O runtime: {e}")))?,
-    );
-    *slot = Some((pid, rt.clone()));
-    Ok(rt)
+    stoker_pipeline::shared::shared_runtime()
+        .map_err(|e| internal(format!("cannot start the I/O runtime: {e}")))
 }
 
-/// This process's shared stores, by root URL and options.
-type Stores = HashMap<String, Store>;
-static STORES: Mutex<Option<(u32, Stores)>> = Mutex::new(None);
-
-/// The shared store that reads `url` with `options` (opened on first use, inside the I/O
-/// runtime), and the object's key in it.
-fn shared_store(url: &str, options: StoreOptions) -> stoker_store::Result<(Store, String)> {
-    let parsed = StoreUrl::parse(url)?;
-    let root = parsed.object_url("");
-    // The options' Debug form names every setting, credentials included: it stays in
-    // this process's memory, as the options themselves do.
-    let id = format!("{root}\n{options:?}");
-    let pid = std::process::id();
-    let mut slot = STORES.lock();
-    if slot.as_ref().is_none_or(|(p, _)| *p != pid) {
-        // Inherited through fork(): their connections belong to the parent's runtime.
-        if let Some(old) = slot.take() {
-            std::mem::forget(old);
-        }
-        *slot = Some((pid, HashMap::new()));
-    }
-    let stores = &mut slot.as_mut().expect("just set").1;
-    let store = match stores.get(&id) {
-        Some(s) => s.clone(),
-        None => {
-            let s = Store::open(&root, options)?;
-            stores.insert(id, s.clone());
-            s
-        }
-    };
-    Ok((store, parsed.key))
-}
-
-/// Lets the shared stores go (`stoker.io.clear_cache()`): later opens start with empty
-/// caches. Files still open keep their store until they close.
+/// Lets the shared stores go (`stoker.io.clear_cache()`): later opens and runs start with
+/// empty caches. Files still open and runs still going keep theirs until they end.
 #[pyfunction]
-pub(crate) fn clear_stores() {
-    let pid = std::process::id();
-    let mut slot = STORES.lock();
-    match slot.take() {
-        Some((p, stores)) if p == pid => drop(stores),
-        Some(inherited) => std::mem::forget(inherited),
-        None => {}
-    }
+pub(crate) fn clear_stores() -> usize {
+    stoker_pipeline::shared::clear_shared_stores()
 }
 
 /// A seekable, read-only view of one object (see the module docs).
@@ -122,7 +61,7 @@ impl ObjectFile {
         let rt = runtime()?;
         let (store, key) = {
             let _guard = rt.enter();
-            shared_store(&url, options).map_err(|e| store_error(py, e))?
+            stoker_pipeline::shared::shared_store(&url, &options).map_err(|e| store_error(py, e))?
         };
         if key.is_empty() || key.ends_with('/') {
             return Err(PyValueError::new_err(format!(

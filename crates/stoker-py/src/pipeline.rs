@@ -358,7 +358,7 @@ impl PyPipeline {
     }
 
     /// Changes the given run options, keeping the others.
-    #[pyo3(signature = (threads=None, memory_limit=None, deterministic=None, errors=None, autotune=None, window=None, columnar=None))]
+    #[pyo3(signature = (threads=None, memory_limit=None, deterministic=None, errors=None, autotune=None, window=None, columnar=None, share_store=None))]
     #[allow(clippy::too_many_arguments)]
     fn options(
         &self,
@@ -369,6 +369,7 @@ impl PyPipeline {
         autotune: Option<bool>,
         window: Option<usize>,
         columnar: Option<bool>,
+        share_store: Option<bool>,
     ) -> PyResult<Self> {
         let mut o = self.options.clone();
         if let Some(t) = threads {
@@ -399,6 +400,9 @@ impl PyPipeline {
         if let Some(c) = columnar {
             o = o.with_columnar(c);
         }
+        if let Some(s) = share_store {
+            o = o.with_share_store(s);
+        }
         Ok(PyPipeline {
             p: self.p.clone().options(o.clone()),
             options: o,
@@ -423,6 +427,7 @@ impl PyPipeline {
         d.set_item("autotune", o.autotune)?;
         d.set_item("window", o.window)?;
         d.set_item("columnar", o.columnar)?;
+        d.set_item("share_store", o.share_store)?;
         Ok(d.into_any().unbind())
     }
 

@@ -159,6 +159,12 @@ impl PyRun {
         self.with_run(py, |r| r.shards())
     }
 
+    /// Whether the source reads columns straight into batches (the columnar path).
+    #[getter]
+    fn columnar(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with_run(py, |r| r.columnar())
+    }
+
     /// Whether `close()` was called.
     #[getter]
     fn closed(&self) -> bool {

@@ -63,34 +63,43 @@ impl LatencyHistogram {
     }
 
     /// Number of recorded durations.
+    #[cfg(test)]
     pub fn count(&self) -> u64 {
         self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
     }
 
     /// The `q` quantile (0..=1) in milliseconds, or 0 when empty.
+    #[cfg(test)]
     pub fn quantile_ms(&self, q: f64) -> f64 {
-        let counts: Vec<u64> = self
-            .buckets
+        quantile_ms(&self.counts(), q)
+    }
+
+    fn counts(&self) -> Vec<u64> {
+        self.buckets
             .iter()
             .map(|b| b.load(Ordering::Relaxed))
-            .collect();
-        let total: u64 = counts.iter().sum();
-        if total == 0 {
-            return 0.0;
-        }
-        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
-        let mut seen = 0;
-        for (i, c) in counts.iter().enumerate() {
-            seen += c;
-            if seen >= rank {
-                // Midpoint of the bucket.
-                let lo = Self::lower_bound(i) as f64;
-                let hi = Self::lower_bound(i + 1) as f64;
-                return (lo + hi) / 2.0 / 1000.0;
-            }
-        }
-        0.0
+            .collect()
     }
+}
+
+/// The `q` quantile in milliseconds of a histogram's bucket counts, or 0 when empty.
+fn quantile_ms(counts: &[u64], q: f64) -> f64 {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+    let mut seen = 0;
+    for (i, c) in counts.iter().enumerate() {
+        seen += c;
+        if seen >= rank {
+            // Midpoint of the bucket.
+            let lo = LatencyHistogram::lower_bound(i) as f64;
+            let hi = LatencyHistogram::lower_bound(i + 1) as f64;
+            return (lo + hi) / 2.0 / 1000.0;
+        }
+    }
+    0.0
 }
 
 /// Live counters of one [`Store`](crate::Store); shared by every reader of it.
@@ -165,6 +174,69 @@ pub struct MetricsSnapshot {
     pub memory_used: u64,
     /// Highest memory budget use, bytes.
     pub memory_peak: u64,
+    /// The latency histogram's bucket counts, for [`MetricsSnapshot::since`].
+    #[serde(skip)]
+    latency_buckets: Vec<u64>,
+}
+
+impl MetricsSnapshot {
+    /// What happened between `earlier` (a snapshot of the same store) and this snapshot:
+    /// counters are differences, percentiles are over the requests in between, and the
+    /// levels (memory, cache occupancy and sizes) are this snapshot's. The peak is the
+    /// budget's highest use ever (it has no history to take a difference of).
+    pub fn since(&self, earlier: &MetricsSnapshot) -> MetricsSnapshot {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        let buckets: Vec<u64> = if earlier.latency_buckets.len() == self.latency_buckets.len() {
+            self.latency_buckets
+                .iter()
+                .zip(&earlier.latency_buckets)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect()
+        } else {
+            self.latency_buckets.clone()
+        };
+        let (c, e) = (&self.cache, &earlier.cache);
+        MetricsSnapshot {
+            get_requests: d(self.get_requests, earlier.get_requests),
+            head_requests: d(self.head_requests, earlier.head_requests),
+            list_requests: d(self.list_requests, earlier.list_requests),
+            bytes_read: d(self.bytes_read, earlier.bytes_read),
+            objects_fetched: d(self.objects_fetched, earlier.objects_fetched),
+            http_requests: d(self.http_requests, earlier.http_requests),
+            http_throttled: d(self.http_throttled, earlier.http_throttled),
+            http_server_errors: d(self.http_server_errors, earlier.http_server_errors),
+            http_client_errors: d(self.http_client_errors, earlier.http_client_errors),
+            http_transport_errors: d(self.http_transport_errors, earlier.http_transport_errors),
+            retries: d(self.retries, earlier.retries),
+            resumes: d(self.resumes, earlier.resumes),
+            failed_reads: d(self.failed_reads, earlier.failed_reads),
+            latency_samples: buckets.iter().sum(),
+            latency_p50_ms: quantile_ms(&buckets, 0.50),
+            latency_p90_ms: quantile_ms(&buckets, 0.90),
+            latency_p99_ms: quantile_ms(&buckets, 0.99),
+            cache: crate::cache::CacheStats {
+                hits: d(c.hits, e.hits),
+                misses: d(c.misses, e.misses),
+                memory_hits: d(c.memory_hits, e.memory_hits),
+                disk_hits: d(c.disk_hits, e.disk_hits),
+                joins: d(c.joins, e.joins),
+                inserts: d(c.inserts, e.inserts),
+                evictions: d(c.evictions, e.evictions),
+                rejections: d(c.rejections, e.rejections),
+                reclaimed: d(c.reclaimed, e.reclaimed),
+                reclaimed_bytes: d(c.reclaimed_bytes, e.reclaimed_bytes),
+                skipped: d(c.skipped, e.skipped),
+                disk_writes: d(c.disk_writes, e.disk_writes),
+                disk_write_drops: d(c.disk_write_drops, e.disk_write_drops),
+                disk_evictions: d(c.disk_evictions, e.disk_evictions),
+                disk_corrupt: d(c.disk_corrupt, e.disk_corrupt),
+                disk_errors: d(c.disk_errors, e.disk_errors),
+                ..c.clone()
+            },
+            latency_buckets: buckets,
+            ..self.clone()
+        }
+    }
 }
 
 impl Metrics {
@@ -181,6 +253,7 @@ impl Metrics {
         } else {
             &self.op_latency
         };
+        let latency_buckets = hist.counts();
         let failed_attempts = l(&http.throttled) + l(&http.status_5xx) + l(&http.transport_errors);
         let resumes = l(&self.resumes);
         MetricsSnapshot {
@@ -197,14 +270,15 @@ impl Metrics {
             retries: failed_attempts.saturating_sub(l(&self.failed_reads)) + resumes,
             resumes,
             failed_reads: l(&self.failed_reads),
-            latency_samples: hist.count(),
-            latency_p50_ms: hist.quantile_ms(0.50),
-            latency_p90_ms: hist.quantile_ms(0.90),
-            latency_p99_ms: hist.quantile_ms(0.99),
+            latency_samples: latency_buckets.iter().sum(),
+            latency_p50_ms: quantile_ms(&latency_buckets, 0.50),
+            latency_p90_ms: quantile_ms(&latency_buckets, 0.90),
+            latency_p99_ms: quantile_ms(&latency_buckets, 0.99),
             cache,
             memory_limit: budget.limit(),
             memory_used: budget.used(),
             memory_peak: budget.peak(),
+            latency_buckets,
         }
     }
 }
@@ -273,6 +347,37 @@ mod tests {
         assert!((45.0..=56.0).contains(&p50), "p50 {p50}");
         assert!((90.0..=110.0).contains(&p99), "p99 {p99}");
         assert_eq!(h.count(), 100);
+    }
+
+    #[test]
+    fn a_snapshot_since_another_counts_only_what_came_between() {
+        let m = Metrics::default();
+        let budget = stoker_core::MemoryBudget::new(1 << 20);
+        for ms in [100u64, 100, 100] {
+            m.op_latency.record(Duration::from_millis(ms));
+            m.get_requests.fetch_add(1, Ordering::Relaxed);
+        }
+        let before = m.snapshot(crate::cache::CacheStats::default(), &budget);
+        m.op_latency.record(Duration::from_millis(2));
+        m.get_requests.fetch_add(1, Ordering::Relaxed);
+        m.bytes_read.fetch_add(10, Ordering::Relaxed);
+        let cache = crate::cache::CacheStats {
+            hits: 5,
+            memory_bytes: 7,
+            ..Default::default()
+        };
+        let after = m.snapshot(cache, &budget);
+        assert_eq!(after.get_requests, 4);
+        assert!(after.latency_p50_ms > 50.0);
+        let d = after.since(&before);
+        assert_eq!(
+            (d.get_requests, d.bytes_read, d.latency_samples),
+            (1, 10, 1)
+        );
+        assert!(d.latency_p50_ms < 3.0, "{}", d.latency_p50_ms);
+        // Counters are differences, levels are the later snapshot's.
+        assert_eq!((d.cache.hits, d.cache.memory_bytes), (5, 7));
+        assert_eq!(d.memory_limit, 1 << 20);
     }
 
     #[test]

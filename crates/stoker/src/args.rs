@@ -206,8 +206,8 @@ pub struct RunArgs {
 pub struct IndexArgs {
     /// The shards: s3://bucket/prefix/ (every object under it), or one object.
     pub url: String,
-    /// Their format: tar, tfrecord, parquet, jsonl, csv.
-    #[arg(long)]
+    /// Their format: tar, tfrecord, parquet, jsonl, csv, or auto (from the extensions).
+    #[arg(long, default_value = "auto")]
     pub format: String,
     /// Only keys matching this glob (relative to the prefix).
     #[arg(long)]
