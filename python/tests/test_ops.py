@@ -157,8 +157,17 @@ RESAMPLE = {
 @pytest.mark.parametrize("interpolation", list(RESAMPLE))
 @pytest.mark.parametrize(
     "size",
-    [[12, 10], [7, 9], [48, 40], [24, 30], [30, 14], [19, 30]],
-    ids=["down", "down-rows-more", "up", "one-axis", "up-rows-down-cols", "down-rows-up-cols"],
+    [[12, 10], [7, 9], [48, 40], [24, 30], [30, 14], [19, 30], [10, 18], [12, 22]],
+    ids=[
+        "down",
+        "down-rows-more",
+        "up",
+        "one-axis",
+        "up-rows-down-cols",
+        "down-rows-up-cols",
+        "rows-down-much-more",
+        "rows-down-cols-up",
+    ],
 )
 def test_resize_matches_pil(interpolation, size):
     # From 24x20: gradients, a sine and sharp wrap-around edges, as photographs have.
@@ -175,15 +184,10 @@ def test_resize_matches_pil(interpolation, size):
         rows = np.floor((np.arange(h) + 0.5) * img.shape[0] / h).astype(int)
         cols = np.floor((np.arange(w) + 0.5) * img.shape[1] / w).astype(int)
         want = img[rows][:, cols]
-    elif size == [19, 30] and interpolation in ("bicubic", "lanczos"):
-        # Rows down, columns up: Pillow 13 runs the vertical pass first here, where Stoker
-        # (like Pillow before it, and torch's antialiased interpolate) runs the horizontal
-        # pass first; the passes clip to 0-255 in between, so with negative lobes the two
-        # orders differ by up to 10-14 levels (docs/ops.md, Resize). Stoker is the
-        # horizontal-first two-step, which Pillow computes exactly one axis at a time.
-        pil = Image.fromarray(img).resize((w, img.shape[0]), RESAMPLE[interpolation])
-        want = np.asarray(pil.resize((w, h), RESAMPLE[interpolation]))
     else:
+        # Pillow 13 runs the vertical pass first when the rows shrink by more than twice as
+        # many pixels as the columns (the last three sizes), the horizontal one otherwise;
+        # each pass clips to 0-255, so the order shows with bicubic and Lanczos.
         want = np.asarray(Image.fromarray(img).resize((w, h), RESAMPLE[interpolation]))
     assert got.dtype == np.uint8 and got.shape == (h, w, 3)
     diff = np.abs(got.astype(int) - want.astype(int))
@@ -269,6 +273,35 @@ def test_decode_then_random_resized_crop_fused_equals_them_apart():
     b = [np.array(s["img"]) for s in apart]
     assert all(x.shape == (32, 32, 3) for x in a)
     assert same(a, b)
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "lanczos"])
+@pytest.mark.parametrize("size", [[16, 44], [30, 40]], ids=["vertical-first", "horizontal-first"])
+def test_the_fused_crop_and_tensor_kernel_follows_pillow(interpolation, size):
+    # decode_image + random_resized_crop + image_to_tensor run as one kernel; with the whole
+    # image as the box it is PIL's decode, resize and ToTensor, pass order included (40x48
+    # to 16x44: rows down by 24, columns by 4, so Pillow 13 resamples the rows first).
+    data = jpeg(smooth(40, 48, 2))
+    p = (
+        stoker.from_samples([{"img": data}])
+        .map("decode_image", field="img")
+        .map(
+            "random_resized_crop",
+            field="img",
+            size=size,
+            scale=[1.0, 1.0],
+            ratio=[1.2, 1.2],
+            interpolation=interpolation,
+        )
+        .map("image_to_tensor", field="img")
+    )
+    assert "decode_image+random_resized_crop+image_to_tensor" in p.explain()
+    got = np.array(next(iter(p))["img"])
+    h, w = size
+    pil = Image.open(io.BytesIO(data)).convert("RGB").resize((w, h), RESAMPLE[interpolation])
+    want = np.asarray(pil).astype(np.float32).transpose(2, 0, 1) / 255.0
+    assert got.shape == (3, h, w)
+    assert np.abs(got - want).max() < 1e-6
 
 
 @pytest.mark.parametrize("vertical", [False, True], ids=["horizontal", "vertical"])

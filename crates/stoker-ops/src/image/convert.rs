@@ -1,6 +1,8 @@
 //! The last step of an image pipeline: to floats, normalised, in the layout the model
 //! wants; plus plain layout and dtype conversions.
 
+use std::mem::MaybeUninit;
+
 use bytes::Bytes;
 use half::f16;
 use stoker_core::{DType, Error, Tensor};
@@ -157,25 +159,41 @@ pub(crate) enum Tables {
 }
 
 /// Maps every u8 sample through its channel's table of `N`-byte outputs, writing planes
-/// (CHW) or interleaved pixels (HWC).
-fn scatter<const N: usize>(px: &[u8], c: usize, layout: Layout, lut: &[[[u8; N]; 256]]) -> Vec<u8> {
+/// (CHW) or interleaved pixels (HWC), into a new buffer written whole (not zeroed first:
+/// a fresh zeroed allocation of a batch-sized tensor costs page faults and memory).
+pub(crate) fn scatter<const N: usize>(
+    px: &[u8],
+    c: usize,
+    layout: Layout,
+    lut: &[[[u8; N]; 256]],
+) -> Vec<u8> {
     let n = px.len() / c;
-    let mut out = vec![0u8; px.len() * N];
+    let len = px.len() * N;
+    let mut out: Vec<u8> = Vec::with_capacity(len);
+    let dst = &mut out.spare_capacity_mut()[..len];
+    let put = |o: &mut [MaybeUninit<u8>], v: &[u8; N]| {
+        for (o, &b) in o.iter_mut().zip(v) {
+            o.write(b);
+        }
+    };
     match layout {
         Layout::Chw => {
-            for (ch, plane) in out.chunks_exact_mut(n * N).enumerate() {
+            for (ch, plane) in dst.chunks_exact_mut(n * N).enumerate() {
                 let t = &lut[ch];
                 for (o, p) in plane.chunks_exact_mut(N).zip(px.chunks_exact(c)) {
-                    o.copy_from_slice(&t[p[ch] as usize]);
+                    put(o, &t[p[ch] as usize]);
                 }
             }
         }
         Layout::Hwc => {
-            for (i, (o, &v)) in out.chunks_exact_mut(N).zip(px).enumerate() {
-                o.copy_from_slice(&lut[i % c][v as usize]);
+            for (i, (o, &v)) in dst.chunks_exact_mut(N).zip(px).enumerate() {
+                put(o, &lut[i % c][v as usize]);
             }
         }
     }
+    // SAFETY: both layouts write every one of the `len` bytes: `c` planes of `n` samples
+    // of `N` bytes, or `px.len()` samples of `N` bytes.
+    unsafe { out.set_len(len) };
     out
 }
 

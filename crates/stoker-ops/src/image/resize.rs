@@ -6,14 +6,16 @@
 //! the anti-aliasing PIL always does and torchvision's `antialias=True` reproduces. The
 //! weights are normalised, turned into 22-bit fixed point, and applied to u8 samples
 //! with i32 accumulators: a horizontal pass (only over the rows the vertical pass will
-//! read) into a u8 intermediate, then a vertical pass. The source box may be fractional,
+//! read) into a u8 intermediate, then a vertical pass; or, where Pillow 13 does (rows
+//! shrinking by more than twice as many pixels as columns, [`vertical_first`]), the
+//! vertical pass first. The source box may be fractional,
 //! which is how the fused decode maps a DCT-scaled region onto the output exactly.
 
 use std::mem::MaybeUninit;
 
 use stoker_core::{Error, Tensor};
 
-use super::convert::{Layout, Tables};
+use super::convert::{scatter, Layout, Tables};
 use super::geometry::Flip;
 use super::scratch::Scratch;
 use super::{hwc_tensor, ImageRef};
@@ -723,6 +725,17 @@ fn nearest(src: ImageRef<'_>, b: [f64; 4], out_w: usize, out_h: usize) -> Vec<u8
     out
 }
 
+/// Whether Pillow (13 and later) resamples box `b` to `out_w` x `out_h` with the vertical
+/// pass first: when the rows shrink by more than twice as many pixels as the columns do
+/// (so the horizontal pass runs over fewer rows). The box is the image resized, as in
+/// torchvision's crop-then-resize. Each pass rounds and clips to u8, so the order shows
+/// in the result (up to 10-14 levels with bicubic or Lanczos, 1-2 with bilinear).
+fn vertical_first(b: [f64; 4], out_w: usize, out_h: usize) -> bool {
+    let rows = (b[3] - b[1]) - out_h as f64;
+    let cols = (b[2] - b[0]) - out_w as f64;
+    rows > 0.0 && rows > 2.0 * cols
+}
+
 /// Resamples box `b` of `src` to `out_w` x `out_h`.
 pub(crate) fn resample(
     src: ImageRef<'_>,
@@ -747,6 +760,19 @@ pub(crate) fn resample(
         (false, true) => {
             let wv = weights(src.h, b[1], b[3], out_h, f, antialias);
             vertical(src, &wv, out_h, &mut out);
+        }
+        (true, true) if vertical_first(b, out_w, out_h) => {
+            let wh = weights(src.w, b[0], b[2], out_w, f, antialias);
+            let wv = weights(src.h, b[1], b[3], out_h, f, antialias);
+            let mut mid = Scratch::take();
+            vertical(src, &wv, out_h, &mut mid);
+            let mid_ref = ImageRef {
+                data: &mid,
+                h: out_h,
+                w: src.w,
+                c: src.c,
+            };
+            horizontal(mid_ref, 0, out_h, &wh, out_w, &mut out);
         }
         (true, true) => {
             let wh = weights(src.w, b[0], b[2], out_w, f, antialias);
@@ -827,6 +853,25 @@ pub(crate) fn resample_to_tensor(
         Some(Flip::Vertical) => wv.reverse(),
         None => {}
     }
+    if need_h && need_v && vertical_first(b, out_w, out_h) {
+        // Pillow's order here: rows first (over every column of `src`), then columns into
+        // u8, then the tables.
+        let mut mid = Scratch::take();
+        vertical(src, &wv, out_h, &mut mid);
+        let mid_ref = ImageRef {
+            data: &mid,
+            h: out_h,
+            w: src.w,
+            c: src.c,
+        };
+        let mut px = Vec::new();
+        horizontal(mid_ref, 0, out_h, &wh, out_w, &mut px);
+        return match output {
+            Output::U8 => px,
+            Output::Tables(Tables::F32(lut), layout) => scatter(&px, src.c, layout, lut),
+            Output::Tables(Tables::F16(lut), layout) => scatter(&px, src.c, layout, lut),
+        };
+    }
     // Only the rows the vertical pass reads go through the horizontal pass.
     let first = wv.bounds.iter().map(|b| b.0).min().unwrap_or(0);
     let last = wv.bounds.iter().map(|b| b.0 + b.1).max().unwrap_or(0);
@@ -884,6 +929,22 @@ pub(crate) fn resample_to_tensor(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pass_order_is_pillow_s() {
+        // From 20 wide, 24 high (the box is the image resized).
+        let b = [0.0, 0.0, 20.0, 24.0];
+        // Rows down by 5, columns up by 10: rows first.
+        assert!(vertical_first(b, 30, 19));
+        // Rows down by 14, columns down by 2: rows first; by 6 and 8: columns first.
+        assert!(vertical_first(b, 18, 10));
+        assert!(!vertical_first(b, 12, 18));
+        // Exactly twice: columns first; rows not shrinking: columns first.
+        assert!(!vertical_first(b, 16, 16));
+        assert!(!vertical_first(b, 10, 30));
+        // A crop box counts by its own size.
+        assert!(vertical_first([5.0, 2.0, 15.0, 22.0], 10, 12));
+    }
 
     fn img(h: usize, w: usize, c: usize, f: impl Fn(usize, usize, usize) -> u8) -> Vec<u8> {
         let mut v = Vec::new();
