@@ -736,6 +736,28 @@ fn vertical_first(b: [f64; 4], out_w: usize, out_h: usize) -> bool {
     rows > 0.0 && rows > 2.0 * cols
 }
 
+/// The vertical pass over every column of `src`, then the horizontal pass over its
+/// `out_h` rows: Pillow's order where [`vertical_first`] holds.
+fn rows_then_columns(
+    src: ImageRef<'_>,
+    wv: &Weights,
+    wh: &Weights,
+    out_w: usize,
+    out_h: usize,
+) -> Vec<u8> {
+    let mut mid = Scratch::take();
+    vertical(src, wv, out_h, &mut mid);
+    let mid_ref = ImageRef {
+        data: &mid,
+        h: out_h,
+        w: src.w,
+        c: src.c,
+    };
+    let mut out = Vec::new();
+    horizontal(mid_ref, 0, out_h, wh, out_w, &mut out);
+    out
+}
+
 /// Resamples box `b` of `src` to `out_w` x `out_h`.
 pub(crate) fn resample(
     src: ImageRef<'_>,
@@ -764,15 +786,7 @@ pub(crate) fn resample(
         (true, true) if vertical_first(b, out_w, out_h) => {
             let wh = weights(src.w, b[0], b[2], out_w, f, antialias);
             let wv = weights(src.h, b[1], b[3], out_h, f, antialias);
-            let mut mid = Scratch::take();
-            vertical(src, &wv, out_h, &mut mid);
-            let mid_ref = ImageRef {
-                data: &mid,
-                h: out_h,
-                w: src.w,
-                c: src.c,
-            };
-            horizontal(mid_ref, 0, out_h, &wh, out_w, &mut out);
+            out = rows_then_columns(src, &wv, &wh, out_w, out_h);
         }
         (true, true) => {
             let wh = weights(src.w, b[0], b[2], out_w, f, antialias);
@@ -856,16 +870,7 @@ pub(crate) fn resample_to_tensor(
     if need_h && need_v && vertical_first(b, out_w, out_h) {
         // Pillow's order here: rows first (over every column of `src`), then columns into
         // u8, then the tables.
-        let mut mid = Scratch::take();
-        vertical(src, &wv, out_h, &mut mid);
-        let mid_ref = ImageRef {
-            data: &mid,
-            h: out_h,
-            w: src.w,
-            c: src.c,
-        };
-        let mut px = Vec::new();
-        horizontal(mid_ref, 0, out_h, &wh, out_w, &mut px);
+        let px = rows_then_columns(src, &wv, &wh, out_w, out_h);
         return match output {
             Output::U8 => px,
             Output::Tables(Tables::F32(lut), layout) => scatter(&px, src.c, layout, lut),
