@@ -37,6 +37,7 @@
 //! errors = "skip"                    # or "raise"
 //! memory_limit = "2GiB"
 //! columnar = true                    # Parquet straight into batches when identical
+//! share_store = false                # true: the process's store, kept for later runs
 //!
 //! [store]                            # store options, the same keys as `--option`
 //! endpoint = "http://127.0.0.1:9000"
@@ -315,6 +316,9 @@ pub struct OptionsSpec {
     /// Allow the columnar path (default true).
     #[serde(default)]
     pub columnar: Option<bool>,
+    /// Read through the process's shared store (default false; see [`crate::shared`]).
+    #[serde(default)]
+    pub share_store: Option<bool>,
 }
 
 impl OptionsSpec {
@@ -335,6 +339,9 @@ impl OptionsSpec {
         }
         if let Some(c) = self.columnar {
             ro = ro.with_columnar(c);
+        }
+        if let Some(on) = self.share_store {
+            ro = ro.with_share_store(on);
         }
         if let Some(m) = &self.memory_limit {
             let b: ByteSize = m
@@ -651,11 +658,13 @@ mod tests {
                 {"op": "batch", "size": 4, "collate": "pad", "pad_value": -1.0},
                 {"op": "take", "n": 3},
             ],
-            "options": {"threads": 3, "errors": "skip", "memory_limit": "64MiB"},
+            "options": {"threads": 3, "errors": "skip", "memory_limit": "64MiB", "share_store": true},
             "store": {"part_size": "1MiB"}
         }))
         .unwrap();
         assert_eq!(spec.ops.len(), 4);
+        let ro = spec.options.run_options().unwrap();
+        assert!(ro.share_store && ro.threads == 3);
         assert!(matches!(
             spec.ops[0],
             OpSpec::Builtin(Builtin::DecodeUtf8 { .. })
