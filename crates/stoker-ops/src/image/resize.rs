@@ -737,14 +737,14 @@ fn vertical_first(b: [f64; 4], out_w: usize, out_h: usize) -> bool {
 }
 
 /// The vertical pass over every column of `src`, then the horizontal pass over its
-/// `out_h` rows: Pillow's order where [`vertical_first`] holds.
+/// `out_h` rows into `out`: Pillow's order where [`vertical_first`] holds.
 fn rows_then_columns(
     src: ImageRef<'_>,
     wv: &Weights,
     wh: &Weights,
-    out_w: usize,
-    out_h: usize,
-) -> Vec<u8> {
+    (out_w, out_h): (usize, usize),
+    out: &mut Vec<u8>,
+) {
     let mut mid = Scratch::take();
     vertical(src, wv, out_h, &mut mid);
     let mid_ref = ImageRef {
@@ -753,9 +753,7 @@ fn rows_then_columns(
         w: src.w,
         c: src.c,
     };
-    let mut out = Vec::new();
-    horizontal(mid_ref, 0, out_h, wh, out_w, &mut out);
-    out
+    horizontal(mid_ref, 0, out_h, wh, out_w, out);
 }
 
 /// Resamples box `b` of `src` to `out_w` x `out_h`.
@@ -786,7 +784,7 @@ pub(crate) fn resample(
         (true, true) if vertical_first(b, out_w, out_h) => {
             let wh = weights(src.w, b[0], b[2], out_w, f, antialias);
             let wv = weights(src.h, b[1], b[3], out_h, f, antialias);
-            out = rows_then_columns(src, &wv, &wh, out_w, out_h);
+            rows_then_columns(src, &wv, &wh, (out_w, out_h), &mut out);
         }
         (true, true) => {
             let wh = weights(src.w, b[0], b[2], out_w, f, antialias);
@@ -870,11 +868,21 @@ pub(crate) fn resample_to_tensor(
     if need_h && need_v && vertical_first(b, out_w, out_h) {
         // Pillow's order here: rows first (over every column of `src`), then columns into
         // u8, then the tables.
-        let px = rows_then_columns(src, &wv, &wh, out_w, out_h);
         return match output {
-            Output::U8 => px,
-            Output::Tables(Tables::F32(lut), layout) => scatter(&px, src.c, layout, lut),
-            Output::Tables(Tables::F16(lut), layout) => scatter(&px, src.c, layout, lut),
+            Output::U8 => {
+                let mut px = Vec::new();
+                rows_then_columns(src, &wv, &wh, (out_w, out_h), &mut px);
+                px
+            }
+            // The u8 image is only read by the conversion: a reused buffer.
+            Output::Tables(tables, layout) => {
+                let mut px = Scratch::take();
+                rows_then_columns(src, &wv, &wh, (out_w, out_h), &mut px);
+                match tables {
+                    Tables::F32(lut) => scatter(&px, src.c, layout, lut),
+                    Tables::F16(lut) => scatter(&px, src.c, layout, lut),
+                }
+            }
         };
     }
     // Only the rows the vertical pass reads go through the horizontal pass.
