@@ -44,6 +44,7 @@ mod fused;
 mod geometry;
 mod jpeg;
 mod resize;
+mod rgbx;
 mod scratch;
 
 pub use color::{ColorJitter, GaussianBlur, Grayscale};

@@ -110,23 +110,18 @@ impl ToTensor {
                 "to_tensor: std must be non-zero, got {std:?}"
             )));
         }
+        let affine = Affine {
+            scale: self.scale,
+            mean,
+            std,
+        };
         let lut: Vec<[f32; 256]> = (0..c)
-            .map(|ch| {
-                let mut t = [0f32; 256];
-                for (v, o) in t.iter_mut().enumerate() {
-                    let x = if self.scale {
-                        v as f32 / 255.0
-                    } else {
-                        v as f32
-                    };
-                    *o = (x - mean[ch]) / std[ch];
-                }
-                t
-            })
+            .map(|ch| std::array::from_fn(|v| affine.apply(ch, v as u8)))
             .collect();
         match self.dtype {
             DType::F32 => Ok(Tables::F32(
                 lut.iter().map(|t| t.map(f32::to_le_bytes)).collect(),
+                affine,
             )),
             DType::F16 => Ok(Tables::F16(
                 lut.iter()
@@ -144,7 +139,7 @@ impl ToTensor {
         let img = ImageRef::from_tensor(image, "to_tensor")?;
         let (h, w, c) = (img.h, img.w, img.c);
         let data = match self.tables(c)? {
-            Tables::F32(lut) => scatter(img.data, c, self.layout, &lut),
+            Tables::F32(lut, _) => scatter(img.data, c, self.layout, &lut),
             Tables::F16(lut) => scatter(img.data, c, self.layout, &lut),
         };
         Tensor::new(self.dtype, self.shape(c, h, w), Bytes::from(data))
@@ -154,8 +149,32 @@ impl ToTensor {
 /// [`ToTensor`]'s lookup tables, one per channel, as output bytes.
 #[derive(Debug)]
 pub(crate) enum Tables {
-    F32(Vec<[[u8; 4]; 256]>),
+    /// With the arithmetic the table was built by, for kernels that compute rather than
+    /// look up (the same operations, so the same bits).
+    F32(Vec<[[u8; 4]; 256]>, Affine),
     F16(Vec<[[u8; 2]; 256]>),
+}
+
+/// `ToTensor`'s arithmetic per channel: `(x / 255 - mean) / std` in f32, or `(x - mean)
+/// / std` without the scale.
+#[derive(Debug, Clone)]
+pub(crate) struct Affine {
+    pub scale: bool,
+    pub mean: Vec<f32>,
+    pub std: Vec<f32>,
+}
+
+impl Affine {
+    /// Channel `ch`'s output for `v`.
+    #[inline(always)]
+    pub fn apply(&self, ch: usize, v: u8) -> f32 {
+        let x = if self.scale {
+            v as f32 / 255.0
+        } else {
+            v as f32
+        };
+        (x - self.mean[ch]) / self.std[ch]
+    }
 }
 
 /// Maps every u8 sample through its channel's table of `N`-byte outputs, writing planes

@@ -17,6 +17,8 @@ use stoker_core::{Error, Tensor};
 
 use super::convert::{scatter, Layout, Tables};
 use super::geometry::Flip;
+#[cfg(target_arch = "x86_64")]
+use super::rgbx;
 use super::scratch::Scratch;
 use super::{hwc_tensor, ImageRef};
 
@@ -357,11 +359,11 @@ fn window<const K: usize, const C: usize>(px: &[u8], k: &[i32], o: &mut [u8]) {
 }
 
 #[inline(always)]
-fn clip8(acc: i32) -> u8 {
+pub(super) fn clip8(acc: i32) -> u8 {
     (acc >> PRECISION_BITS).clamp(0, 255) as u8
 }
 
-const HALF: i32 = 1 << (PRECISION_BITS - 1);
+pub(super) const HALF: i32 = 1 << (PRECISION_BITS - 1);
 
 /// The passes are written so that the compiler vectorises them; on x86-64 they are also
 /// compiled for AVX2 (8 lanes of 32-bit multiplies, which the SSE2 baseline lacks) and
@@ -426,7 +428,19 @@ fn horizontal(
         .unwrap_or(src.w)
         .max(x0 + 1);
     let mut t = Scratch::take();
-    transpose_cols(src, y0, y1, x0, x1, &mut t);
+    #[cfg(target_arch = "x86_64")]
+    let rgbx = c == 3 && std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let rgbx = false;
+    if rgbx {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU supports AVX2, checked just above.
+        unsafe {
+            rgbx::transpose_rgb_to_rgbx(src, (y0, y1), (x0, x1), &mut t)
+        };
+    } else {
+        transpose_cols(src, y0, y1, x0, x1, &mut t);
+    }
     let shifted;
     let wt = if x0 == 0 {
         wt
@@ -439,6 +453,20 @@ fn horizontal(
         };
         &shifted
     };
+    if rgbx {
+        let t = ImageRef {
+            data: &t,
+            h: x1 - x0,
+            w: rows,
+            c: 4,
+        };
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU supports AVX2 (`rgbx`).
+        unsafe {
+            rgbx::columns_rgbx_to_rgb(t, &wt.bounds, (&wt.k, wt.ksize), out_w, out)
+        };
+        return;
+    }
     let t = ImageRef {
         data: &t,
         h: x1 - x0,
@@ -879,7 +907,7 @@ pub(crate) fn resample_to_tensor(
                 let mut px = Scratch::take();
                 rows_then_columns(src, &wv, &wh, (out_w, out_h), &mut px);
                 match tables {
-                    Tables::F32(lut) => scatter(&px, src.c, layout, lut),
+                    Tables::F32(lut, _) => scatter(&px, src.c, layout, lut),
                     Tables::F16(lut) => scatter(&px, src.c, layout, lut),
                 }
             }
@@ -909,8 +937,27 @@ pub(crate) fn resample_to_tensor(
         }
         // The output is written whole by the pass, so it is not zeroed first (a
         // measurable memset on a 600 KB tensor).
-        Output::Tables(Tables::F32(lut), layout) => {
+        Output::Tables(Tables::F32(lut, affine), layout) => {
             let mut out = Vec::with_capacity(n * 4);
+            #[cfg(target_arch = "x86_64")]
+            if layout == Layout::Chw && src.c == 3 && std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2, checked just above.
+                unsafe {
+                    rgbx::vertical_chw_f32(
+                        mid_ref,
+                        &wv.bounds,
+                        (&wv.k, wv.ksize),
+                        affine,
+                        &mut out.spare_capacity_mut()[..n * 4],
+                    )
+                };
+                // SAFETY: `vertical_chw_f32` wrote all n * 4 bytes (it asserts the
+                // length and writes every row of every plane whole).
+                unsafe { out.set_len(n * 4) };
+                return out;
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = affine;
             vertical_f32(
                 mid_ref,
                 &wv,
@@ -941,6 +988,7 @@ pub(crate) fn resample_to_tensor(
 
 #[cfg(test)]
 mod tests {
+    use super::super::convert::Affine;
     use super::*;
 
     #[test]
@@ -957,6 +1005,90 @@ mod tests {
         assert!(!vertical_first(b, 10, 30));
         // A crop box counts by its own size.
         assert!(vertical_first([5.0, 2.0, 15.0, 22.0], 10, 12));
+    }
+
+    /// The AVX2 kernels (the RGBX transposes of the horizontal pass, the computed
+    /// `[C, H, W]` f32 output) against the scalar passes, byte for byte: fractional
+    /// boxes, up- and downscales, flips (reversed weights), every filter, and widths that
+    /// are and are not multiples of 8.
+    #[test]
+    fn the_simd_passes_match_the_scalar_ones() {
+        let mut seed = 7u64;
+        let mut rnd = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize
+        };
+        let affine = Affine {
+            scale: true,
+            mean: vec![0.485, 0.456, 0.406],
+            std: vec![0.229, 0.224, 0.225],
+        };
+        for case in 0..60 {
+            let (h, w) = (9 + rnd() % 70, 9 + rnd() % 70);
+            let data: Vec<u8> = (0..h * w * 3).map(|_| rnd() as u8).collect();
+            let src = ImageRef {
+                data: &data,
+                h,
+                w,
+                c: 3,
+            };
+            let f = [
+                Interpolation::Bilinear,
+                Interpolation::Bicubic,
+                Interpolation::Lanczos,
+                Interpolation::Box,
+            ][case % 4];
+            let (out_w, out_h) = (1 + rnd() % 60, 1 + rnd() % 60);
+            let x0 = (rnd() % (w / 3)) as f64 + 0.25;
+            let x1 = w as f64 - (rnd() % (w / 3)) as f64 - 0.5;
+            let mut wh = weights(w, x0, x1, out_w, f, true);
+            if case % 3 == 0 {
+                wh.reverse();
+            }
+            let y0 = rnd() % 4;
+            let mut simd = Vec::new();
+            horizontal(src, y0, h, &wh, out_w, &mut simd);
+            let mut scalar = Vec::new();
+            horizontal_impl(src, y0, h, &wh, out_w, &mut scalar);
+            assert_eq!(
+                simd, scalar,
+                "horizontal, case {case}: {h}x{w} -> {out_w}, {f:?}"
+            );
+
+            let mut wv = weights(h, 0.5, h as f64 - 0.75, out_h, f, true);
+            if case % 3 == 1 {
+                wv.reverse();
+            }
+            let tables = f32_tables(&affine);
+            let n = out_h * w * 3 * 4;
+            let mut a = vec![MaybeUninit::new(0u8); n];
+            let mut b = vec![MaybeUninit::new(0u8); n];
+            vertical_lut_impl::<4>(src, &wv, &tables, Layout::Chw, &mut a);
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: AVX2 is there (checked just above).
+                unsafe {
+                    rgbx::vertical_chw_f32(src, &wv.bounds, (&wv.k, wv.ksize), &affine, &mut b)
+                };
+                // SAFETY: both buffers were initialised.
+                let (a, b) = unsafe {
+                    (
+                        std::slice::from_raw_parts(a.as_ptr() as *const u8, n),
+                        std::slice::from_raw_parts(b.as_ptr() as *const u8, n),
+                    )
+                };
+                assert_eq!(a, b, "vertical, case {case}: {h}x{w} -> {out_h}, {f:?}");
+            }
+        }
+    }
+
+    /// The f32 tables of `affine`, as `ToTensor` builds them.
+    fn f32_tables(affine: &Affine) -> Vec<[[u8; 4]; 256]> {
+        (0..3)
+            .map(|ch| std::array::from_fn(|v| affine.apply(ch, v as u8).to_le_bytes()))
+            .collect()
     }
 
     fn img(h: usize, w: usize, c: usize, f: impl Fn(usize, usize, usize) -> u8) -> Vec<u8> {
