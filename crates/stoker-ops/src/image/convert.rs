@@ -139,7 +139,7 @@ impl ToTensor {
         let img = ImageRef::from_tensor(image, "to_tensor")?;
         let (h, w, c) = (img.h, img.w, img.c);
         let data = match self.tables(c)? {
-            Tables::F32(lut, _) => scatter(img.data, c, self.layout, &lut),
+            Tables::F32(lut, affine) => scatter_f32(img.data, c, self.layout, &lut, &affine),
             Tables::F16(lut) => scatter(img.data, c, self.layout, &lut),
         };
         Tensor::new(self.dtype, self.shape(c, h, w), Bytes::from(data))
@@ -175,6 +175,25 @@ impl Affine {
         };
         (x - self.mean[ch]) / self.std[ch]
     }
+}
+
+/// [`scatter`] into f32, on x86-64 with AVX2 computing 3-channel `[C, H, W]` planes 8
+/// pixels at a time (the same bits).
+pub(crate) fn scatter_f32(
+    px: &[u8],
+    c: usize,
+    layout: Layout,
+    lut: &[[[u8; 4]; 256]],
+    affine: &Affine,
+) -> Vec<u8> {
+    #[cfg(target_arch = "x86_64")]
+    if c == 3 && layout == Layout::Chw && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { super::rgbx::scatter_chw_f32(px, affine) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = affine;
+    scatter(px, c, layout, lut)
 }
 
 /// Maps every u8 sample through its channel's table of `N`-byte outputs, writing planes

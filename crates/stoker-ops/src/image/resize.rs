@@ -15,7 +15,7 @@ use std::mem::MaybeUninit;
 
 use stoker_core::{Error, Tensor};
 
-use super::convert::{scatter, Layout, Tables};
+use super::convert::{scatter, scatter_f32, Layout, Tables};
 use super::geometry::Flip;
 #[cfg(target_arch = "x86_64")]
 use super::rgbx;
@@ -907,7 +907,7 @@ pub(crate) fn resample_to_tensor(
                 let mut px = Scratch::take();
                 rows_then_columns(src, &wv, &wh, (out_w, out_h), &mut px);
                 match tables {
-                    Tables::F32(lut, _) => scatter(&px, src.c, layout, lut),
+                    Tables::F32(lut, affine) => scatter_f32(&px, src.c, layout, lut, affine),
                     Tables::F16(lut) => scatter(&px, src.c, layout, lut),
                 }
             }
@@ -1080,6 +1080,23 @@ mod tests {
                     )
                 };
                 assert_eq!(a, b, "vertical, case {case}: {h}x{w} -> {out_h}, {f:?}");
+                // The table conversion of a whole image (the rows-first path's).
+                let unscaled = Affine {
+                    scale: case % 2 == 0,
+                    ..affine.clone()
+                };
+                let simd = super::super::convert::scatter_f32(
+                    &data,
+                    3,
+                    Layout::Chw,
+                    &f32_tables(&unscaled),
+                    &unscaled,
+                );
+                assert_eq!(
+                    simd,
+                    scatter(&data, 3, Layout::Chw, &f32_tables(&unscaled)),
+                    "scatter, case {case}: {h}x{w}"
+                );
             }
         }
     }

@@ -200,14 +200,7 @@ pub(super) fn vertical_chw_f32(
     let op = out.as_mut_ptr() as *mut f32;
     let mut acc = vec![0i32; stride];
     let (zero, max) = (_mm256_setzero_si256(), _mm256_set1_epi32(255));
-    let perm = [
-        _mm256_setr_epi32(0, 3, 6, 1, 4, 7, 2, 5),
-        _mm256_setr_epi32(1, 4, 7, 2, 5, 0, 3, 6),
-        _mm256_setr_epi32(2, 5, 0, 3, 6, 1, 4, 7),
-    ];
-    let mean: [__m256; 3] = std::array::from_fn(|ch| _mm256_set1_ps(affine.mean[ch]));
-    let std: [__m256; 3] = std::array::from_fn(|ch| _mm256_set1_ps(affine.std[ch]));
-    let d255 = _mm256_set1_ps(255.0);
+    let planes = Planes::new(affine);
     let xb = w / 8 * 8;
     for (yy, &(ymin, n)) in bounds.iter().enumerate() {
         acc.fill(super::resize::HALF);
@@ -225,32 +218,9 @@ pub(super) fn vertical_chw_f32(
                 // clip8: the arithmetic shift, clamped to 0..=255.
                 _mm256_min_epi32(_mm256_max_epi32(_mm256_srai_epi32::<22>(a), zero), max)
             });
-            // Lanes of each channel: R at 0, 3, 6 of v[0], 1, 4, 7 of v[1], 2, 5 of v[2];
-            // G and B shifted by one and two; the permutes put the pixels in order.
-            let split = [
-                _mm256_blend_epi32::<0b0010_0100>(
-                    _mm256_blend_epi32::<0b1001_0010>(v[0], v[1]),
-                    v[2],
-                ),
-                _mm256_blend_epi32::<0b0100_1001>(
-                    _mm256_blend_epi32::<0b0010_0100>(v[0], v[1]),
-                    v[2],
-                ),
-                _mm256_blend_epi32::<0b1001_0010>(
-                    _mm256_blend_epi32::<0b0100_1001>(v[0], v[1]),
-                    v[2],
-                ),
-            ];
-            for ch in 0..3 {
-                let mut f = _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(split[ch], perm[ch]));
-                if affine.scale {
-                    f = _mm256_div_ps(f, d255);
-                }
-                f = _mm256_div_ps(_mm256_sub_ps(f, mean[ch]), std[ch]);
-                // SAFETY: plane ch, row yy < out_h, pixels x..x + 8 <= w: inside `out`
-                // (3 * plane f32s).
-                unsafe { _mm256_storeu_ps(op.add(ch * plane + yy * w + x), f) };
-            }
+            // SAFETY: plane ch, row yy < out_h, pixels x..x + 8 <= w: inside `out` (3 *
+            // plane f32s) for every ch.
+            unsafe { planes.store(v, affine, op.add(yy * w + x), plane) };
         }
         for x in xb..w {
             for ch in 0..3 {
@@ -261,6 +231,96 @@ pub(super) fn vertical_chw_f32(
                         .write_unaligned(affine.apply(ch, v))
                 };
             }
+        }
+    }
+}
+
+/// `ToTensor` of a 3-channel u8 image into f32 `[C, H, W]` planes: `convert::scatter`
+/// with `affine` computed 8 pixels at a time (the same bits as its table).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) fn scatter_chw_f32(px: &[u8], affine: &Affine) -> Vec<u8> {
+    assert!(px.len().is_multiple_of(3) && affine.mean.len() >= 3 && affine.std.len() >= 3);
+    let n = px.len() / 3;
+    let len = n * 3 * 4;
+    let mut out: Vec<u8> = Vec::with_capacity(len);
+    let op = out.as_mut_ptr() as *mut f32;
+    let planes = Planes::new(affine);
+    let sp = px.as_ptr();
+    let nb = n / 8 * 8;
+    for i in (0..nb).step_by(8) {
+        let v: [__m256i; 3] = std::array::from_fn(|j| {
+            // SAFETY: pixels i..i + 8 <= n: the 24 bytes from i * 3 are inside `px`.
+            _mm256_cvtepu8_epi32(unsafe {
+                _mm_loadl_epi64(sp.add(i * 3 + j * 8) as *const __m128i)
+            })
+        });
+        // SAFETY: samples i..i + 8 of each of the 3 planes of n are inside `out`'s
+        // capacity (3 * n f32s).
+        unsafe { planes.store(v, affine, op.add(i), n) };
+    }
+    for i in nb..n {
+        for ch in 0..3 {
+            // SAFETY: as above, for one sample.
+            unsafe {
+                op.add(ch * n + i)
+                    .write_unaligned(affine.apply(ch, px[i * 3 + ch]))
+            };
+        }
+    }
+    // SAFETY: all 3 planes of n f32s were written, the blocks of 8 and the rest.
+    unsafe { out.set_len(len) };
+    out
+}
+
+/// Splits 8 interleaved RGB pixels (24 values in 0..=255, as i32) into planes and writes
+/// each channel's 8 outputs of `affine`.
+#[cfg(target_arch = "x86_64")]
+struct Planes {
+    perm: [__m256i; 3],
+    mean: [__m256; 3],
+    std: [__m256; 3],
+    d255: __m256,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Planes {
+    #[target_feature(enable = "avx2")]
+    fn new(affine: &Affine) -> Planes {
+        Planes {
+            perm: [
+                _mm256_setr_epi32(0, 3, 6, 1, 4, 7, 2, 5),
+                _mm256_setr_epi32(1, 4, 7, 2, 5, 0, 3, 6),
+                _mm256_setr_epi32(2, 5, 0, 3, 6, 1, 4, 7),
+            ],
+            mean: std::array::from_fn(|ch| _mm256_set1_ps(affine.mean[ch])),
+            std: std::array::from_fn(|ch| _mm256_set1_ps(affine.std[ch])),
+            d255: _mm256_set1_ps(255.0),
+        }
+    }
+
+    /// Writes channel `ch` of the 8 pixels in `v` at `dst + ch * plane`.
+    ///
+    /// # Safety
+    /// The 8 f32s at `dst.add(ch * plane)` must be writable for each of the 3 channels.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn store(&self, v: [__m256i; 3], affine: &Affine, dst: *mut f32, plane: usize) {
+        // Lanes of each channel: R at 0, 3, 6 of v[0], 1, 4, 7 of v[1], 2, 5 of v[2]; G
+        // and B shifted by one and two; the permutes put the pixels in order.
+        let split = [
+            _mm256_blend_epi32::<0b0010_0100>(_mm256_blend_epi32::<0b1001_0010>(v[0], v[1]), v[2]),
+            _mm256_blend_epi32::<0b0100_1001>(_mm256_blend_epi32::<0b0010_0100>(v[0], v[1]), v[2]),
+            _mm256_blend_epi32::<0b1001_0010>(_mm256_blend_epi32::<0b0100_1001>(v[0], v[1]), v[2]),
+        ];
+        for (ch, s) in split.into_iter().enumerate() {
+            let mut f = _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(s, self.perm[ch]));
+            if affine.scale {
+                f = _mm256_div_ps(f, self.d255);
+            }
+            f = _mm256_div_ps(_mm256_sub_ps(f, self.mean[ch]), self.std[ch]);
+            // SAFETY: the caller's contract.
+            unsafe { _mm256_storeu_ps(dst.add(ch * plane), f) };
         }
     }
 }
