@@ -44,6 +44,7 @@ mod fused;
 mod geometry;
 mod jpeg;
 mod resize;
+#[cfg(target_arch = "x86_64")]
 mod rgbx;
 mod scratch;
 

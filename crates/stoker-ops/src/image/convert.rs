@@ -22,7 +22,9 @@ pub enum Layout {
 /// torchvision's `ToTensor` + `Normalize` in one pass over a u8 image:
 /// `out = (x / 255 - mean[c]) / std[c]` (or `(x - mean) / std` without the division),
 /// as `f32` or `f16`, in `[C, H, W]` (default) or `[H, W, C]`. Computed through a
-/// 256-entry table per channel, so it costs one lookup per sample.
+/// 256-entry table per channel, so it costs one lookup per sample; 3-channel f32
+/// `[C, H, W]` on x86-64 with AVX2 computes the same operations 8 samples at a time (the
+/// same bits as the table).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct ToTensor {

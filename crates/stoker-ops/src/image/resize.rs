@@ -365,6 +365,19 @@ pub(super) fn clip8(acc: i32) -> u8 {
 
 pub(super) const HALF: i32 = 1 << (PRECISION_BITS - 1);
 
+/// One output line of a vertical pass: `acc` (a whole row of samples) is set to the
+/// rounding half, then row `first + j` of `src` times `k[j]` is added for each tap `j`.
+/// Written to vectorise: each tap is a whole row times one weight.
+#[inline(always)]
+pub(super) fn sum_rows(acc: &mut [i32], src: ImageRef<'_>, first: usize, k: &[i32]) {
+    acc.fill(HALF);
+    for (j, &w) in k.iter().enumerate() {
+        for (a, &p) in acc.iter_mut().zip(src.row(first + j)) {
+            *a += p as i32 * w;
+        }
+    }
+}
+
 /// The passes are written so that the compiler vectorises them; on x86-64 they are also
 /// compiled for AVX2 (8 lanes of 32-bit multiplies, which the SSE2 baseline lacks) and
 /// picked at run time. Same arithmetic, same results.
@@ -490,14 +503,7 @@ fn columns_impl(t: ImageRef<'_>, wt: &Weights, out_w: usize, out: &mut Vec<u8>) 
     let mut acc = vec![0i32; stride];
     let mut col = vec![0u8; stride];
     for (xx, &(xmin, n)) in wt.bounds.iter().enumerate() {
-        acc.fill(HALF);
-        let k = &wt.k[xx * wt.ksize..xx * wt.ksize + n];
-        for (j, &w) in k.iter().enumerate() {
-            let row = t.row(xmin + j);
-            for (a, &p) in acc.iter_mut().zip(row) {
-                *a += p as i32 * w;
-            }
-        }
+        sum_rows(&mut acc, t, xmin, &wt.k[xx * wt.ksize..xx * wt.ksize + n]);
         for (o, &a) in col.iter_mut().zip(&acc) {
             *o = clip8(a);
         }
@@ -665,14 +671,7 @@ fn vertical_impl(src: ImageRef<'_>, wt: &Weights, out_h: usize, out: &mut Vec<u8
     out.resize(out_h * stride, 0);
     let mut acc = vec![0i32; stride];
     for (yy, &(ymin, n)) in wt.bounds.iter().enumerate() {
-        acc.fill(HALF);
-        let k = &wt.k[yy * wt.ksize..yy * wt.ksize + n];
-        for (j, &w) in k.iter().enumerate() {
-            let row = src.row(ymin + j);
-            for (a, &p) in acc.iter_mut().zip(row) {
-                *a += p as i32 * w;
-            }
-        }
+        sum_rows(&mut acc, src, ymin, &wt.k[yy * wt.ksize..yy * wt.ksize + n]);
         for (o, &a) in out[yy * stride..(yy + 1) * stride].iter_mut().zip(&acc) {
             *o = clip8(a);
         }
@@ -702,14 +701,7 @@ fn vertical_lut_impl<const N: usize>(
     let mut acc = vec![0i32; stride];
     let mut row8 = vec![0u8; stride];
     for (yy, &(ymin, n)) in wt.bounds.iter().enumerate() {
-        acc.fill(HALF);
-        let k = &wt.k[yy * wt.ksize..yy * wt.ksize + n];
-        for (j, &wj) in k.iter().enumerate() {
-            let row = src.row(ymin + j);
-            for (a, &p) in acc.iter_mut().zip(row) {
-                *a += p as i32 * wj;
-            }
-        }
+        sum_rows(&mut acc, src, ymin, &wt.k[yy * wt.ksize..yy * wt.ksize + n]);
         // Round to u8 first (vectorised), then look up (one load and one store each).
         for (o, &a) in row8.iter_mut().zip(&acc) {
             *o = clip8(a);

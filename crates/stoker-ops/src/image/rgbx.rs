@@ -15,6 +15,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::convert::Affine;
+use super::resize::{clip8, sum_rows};
 use super::ImageRef;
 
 /// Source columns `x0..x1` of rows `y0..y1` of an RGB image, transposed: `x1 - x0` rows
@@ -116,15 +117,9 @@ pub(super) fn columns_rgbx_to_rgb(
     let mut cols = vec![0u8; 8 * stride];
     let filter = |xx: usize, acc: &mut [i32], col: &mut [u8]| {
         let (xmin, n) = bounds[xx];
-        acc.fill(super::resize::HALF);
-        for (j, &wj) in k[xx * ksize..xx * ksize + n].iter().enumerate() {
-            let row = t.row(xmin + j);
-            for (a, &p) in acc.iter_mut().zip(row) {
-                *a += p as i32 * wj;
-            }
-        }
+        sum_rows(acc, t, xmin, &k[xx * ksize..xx * ksize + n]);
         for (o, &a) in col.iter_mut().zip(acc.iter()) {
-            *o = super::resize::clip8(a);
+            *o = clip8(a);
         }
     };
     let narrow_shuf = _mm256_setr_epi8(
@@ -203,13 +198,7 @@ pub(super) fn vertical_chw_f32(
     let planes = Planes::new(affine);
     let xb = w / 8 * 8;
     for (yy, &(ymin, n)) in bounds.iter().enumerate() {
-        acc.fill(super::resize::HALF);
-        for (j, &wj) in k[yy * ksize..yy * ksize + n].iter().enumerate() {
-            let row = src.row(ymin + j);
-            for (a, &p) in acc.iter_mut().zip(row) {
-                *a += p as i32 * wj;
-            }
-        }
+        sum_rows(&mut acc, src, ymin, &k[yy * ksize..yy * ksize + n]);
         let ap = acc.as_ptr();
         for x in (0..xb).step_by(8) {
             let v: [__m256i; 3] = std::array::from_fn(|i| {
@@ -224,7 +213,7 @@ pub(super) fn vertical_chw_f32(
         }
         for x in xb..w {
             for ch in 0..3 {
-                let v = super::resize::clip8(acc[x * 3 + ch]);
+                let v = clip8(acc[x * 3 + ch]);
                 // SAFETY: as above, for one pixel.
                 unsafe {
                     op.add(ch * plane + yy * w + x)
