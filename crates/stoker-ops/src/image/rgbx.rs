@@ -1,5 +1,7 @@
-//! AVX2 transposes for the horizontal pass over 3-channel images.
+//! AVX2 kernels for 3-channel images (x86-64 only; the callers check for AVX2 at run
+//! time and fall back to the scalar passes).
 //!
+//! **Transposes of the horizontal pass.**
 //! The horizontal filter runs as a vertical one over a transposed tile (see
 //! `resize::horizontal`). With 3-byte pixels both transposes were scalar 3-byte moves,
 //! about a third of the resampling time of a fused crop on ImageNet-sized files. Here
@@ -8,10 +10,13 @@
 //! filter runs over four lanes per pixel (the fourth is ignored), and the result is
 //! transposed back and narrowed to RGB. The sums, their order and the rounding are the
 //! scalar path's, so the bytes are the same.
+//!
+//! **`ToTensor` into f32 `[C, H, W]` planes.** The interleaved samples are split into
+//! planes in registers and `ToTensor`'s arithmetic (the operations its tables are built
+//! with, so the same bits) is computed 8 samples at a time, in the fused vertical pass and
+//! for a whole u8 image.
 
-#[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
-
 use std::mem::MaybeUninit;
 
 use super::convert::Affine;
@@ -20,7 +25,6 @@ use super::ImageRef;
 
 /// Source columns `x0..x1` of rows `y0..y1` of an RGB image, transposed: `x1 - x0` rows
 /// of `y1 - y0` RGBX pixels (the fourth byte zero) in `out`.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(super) fn transpose_rgb_to_rgbx(
     src: ImageRef<'_>,
@@ -99,7 +103,6 @@ pub(super) fn transpose_rgb_to_rgbx(
 /// per source column, `t.w` pixels each; `bounds` and `k` index its rows), written as RGB
 /// into `out`: `t.w` rows of `out_w` pixels. Output columns are computed 8 at a time and
 /// transposed back in registers.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(super) fn columns_rgbx_to_rgb(
     t: ImageRef<'_>,
@@ -176,7 +179,6 @@ pub(super) fn columns_rgbx_to_rgb(
 /// `resize::vertical_lut_impl`, each sample is rounded to u8 as the u8 pass rounds it,
 /// then computed by `affine` (the arithmetic its table was built with) rather than looked
 /// up, 8 pixels at a time: the interleaved sums are split into planes in registers.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(super) fn vertical_chw_f32(
     src: ImageRef<'_>,
@@ -226,7 +228,6 @@ pub(super) fn vertical_chw_f32(
 
 /// `ToTensor` of a 3-channel u8 image into f32 `[C, H, W]` planes: `convert::scatter`
 /// with `affine` computed 8 pixels at a time (the same bits as its table).
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(super) fn scatter_chw_f32(px: &[u8], affine: &Affine) -> Vec<u8> {
     assert!(px.len().is_multiple_of(3) && affine.mean.len() >= 3 && affine.std.len() >= 3);
@@ -264,7 +265,6 @@ pub(super) fn scatter_chw_f32(px: &[u8], affine: &Affine) -> Vec<u8> {
 
 /// Splits 8 interleaved RGB pixels (24 values in 0..=255, as i32) into planes and writes
 /// each channel's 8 outputs of `affine`.
-#[cfg(target_arch = "x86_64")]
 struct Planes {
     perm: [__m256i; 3],
     mean: [__m256; 3],
@@ -272,7 +272,6 @@ struct Planes {
     d255: __m256,
 }
 
-#[cfg(target_arch = "x86_64")]
 impl Planes {
     #[target_feature(enable = "avx2")]
     fn new(affine: &Affine) -> Planes {
@@ -315,7 +314,6 @@ impl Planes {
 }
 
 /// Transposes 8 x 8 32-bit lanes: lane `j` of input `i` becomes lane `i` of output `j`.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
 fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
@@ -347,7 +345,7 @@ fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
     ]
 }
 
-#[cfg(all(test, target_arch = "x86_64"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
