@@ -27,6 +27,7 @@ pub mod recycle;
 pub mod rng;
 mod sample;
 mod size;
+pub mod slots;
 mod tensor;
 
 pub use budget::{system_memory_bytes, MemoryBudget, Reservation};
@@ -34,4 +35,5 @@ pub use error::{Cause, Error, ErrorKind};
 pub use op::OpMeta;
 pub use sample::{Batch, Collate, CollatePolicy, Column, Columns, Sample, Stacker, Value};
 pub use size::{ByteSize, ParseSizeError};
+pub use slots::{BatchSlots, Lease};
 pub use tensor::{DType, Element, Tensor};

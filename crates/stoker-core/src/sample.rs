@@ -9,6 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::error::Error;
+use crate::slots::{BatchSlots, InSlots};
 use crate::tensor::{DType, Tensor};
 
 /// One field's value.
@@ -282,10 +283,15 @@ pub struct Batch {
 /// first sample's dtype and shape (or is missing) is *spilled*: the values taken so far
 /// are handed back to their samples as slices of the buffer, and the field is collated
 /// as usual, with the usual result or error.
+///
+/// With [`BatchSlots`] ([`Stacker::with_slots`]), a batch whose first large tensor was
+/// written into a batch buffer's first slot is stacked in that buffer: a sample's tensor
+/// already in its slot costs nothing, one elsewhere is copied in.
 #[derive(Debug, Default)]
 pub struct Stacker {
     cols: Vec<Stacking>,
     pushed: usize,
+    slots: Option<Arc<BatchSlots>>,
 }
 
 #[derive(Debug)]
@@ -293,13 +299,48 @@ struct Stacking {
     name: Arc<str>,
     dtype: DType,
     shape: Vec<usize>,
-    /// Alignment padding, then the values.
-    data: Vec<u8>,
-    /// The padding's length (see [`crate::recycle::Recycler::take_aligned`]).
-    pad: usize,
-    /// How many samples' values are in `data` (the first `taken` pushed).
+    dest: Dest,
+    /// How many samples' values are in `dest` (the first `taken` pushed).
     taken: usize,
     spilled: bool,
+}
+
+/// Where a field's values are stacked.
+#[derive(Debug)]
+enum Dest {
+    /// Alignment padding, then the values; and the padding's length (see
+    /// [`crate::recycle::Recycler::take_aligned`]).
+    Own(Vec<u8>, usize),
+    /// In a batch buffer whose slots the samples' operators wrote.
+    Slots(InSlots),
+}
+
+impl Dest {
+    /// A buffer for `size` values like `first`, holding it.
+    fn own(first: &[u8], size: usize) -> Dest {
+        let (mut data, pad) = crate::recycle::GLOBAL.take_aligned(first.len() * size.max(1));
+        data.extend_from_slice(first);
+        Dest::Own(data, pad)
+    }
+
+    fn push(&mut self, v: &[u8]) {
+        match self {
+            Dest::Own(data, _) => data.extend_from_slice(v),
+            Dest::Slots(s) => {
+                if let Err((mut data, pad)) = s.push(v) {
+                    data.extend_from_slice(v);
+                    *self = Dest::Own(data, pad);
+                }
+            }
+        }
+    }
+
+    fn finish(self) -> (Vec<u8>, usize) {
+        match self {
+            Dest::Own(data, pad) => (data, pad),
+            Dest::Slots(s) => s.finish(),
+        }
+    }
 }
 
 /// Tensors smaller than this are left to [`Batch::collate`]: holding them twice costs
@@ -315,6 +356,21 @@ impl Stacker {
     /// A stacker for one batch (the first [`push`](Self::push) sizes its buffers).
     pub fn new() -> Stacker {
         Stacker::default()
+    }
+
+    /// A stacker that stacks in `slots`' buffers when the batch's samples were written
+    /// there (see [`BatchSlots`]).
+    pub fn with_slots(slots: Option<Arc<BatchSlots>>) -> Stacker {
+        Stacker {
+            slots,
+            ..Stacker::default()
+        }
+    }
+
+    /// This stacker, leaving an empty one for the next batch (with the same slots).
+    pub fn take(&mut self) -> Stacker {
+        let next = Stacker::with_slots(self.slots.clone());
+        std::mem::replace(self, next)
     }
 
     /// Samples pushed so far.
@@ -334,19 +390,26 @@ impl Stacker {
                 if t.data().len() < EAGER_STACK_MIN || policy.of(name) == Collate::List {
                     continue;
                 }
-                let (mut data, pad) =
-                    crate::recycle::GLOBAL.take_aligned(t.data().len() * size.max(1));
-                data.extend_from_slice(t.data());
+                let in_slots = match &self.slots {
+                    Some(s) if !self.cols.iter().any(|c| matches!(c.dest, Dest::Slots(_))) => {
+                        s.start(t.data()).map(Dest::Slots)
+                    }
+                    _ => None,
+                };
                 self.cols.push(Stacking {
                     name: name.clone(),
                     dtype: t.dtype(),
                     shape: t.shape().to_vec(),
-                    data,
-                    pad,
+                    dest: in_slots.unwrap_or_else(|| Dest::own(t.data(), size)),
                     taken: 1,
                     spilled: false,
                 });
                 *v = placeholder();
+            }
+            if let Some(s) = &self.slots {
+                if !self.cols.iter().any(|c| matches!(c.dest, Dest::Slots(_))) {
+                    s.missed();
+                }
             }
             return;
         }
@@ -355,7 +418,7 @@ impl Stacker {
             match sample.get_mut(&c.name) {
                 Some(v) if fits(v) => {
                     if let Value::Tensor(t) = std::mem::replace(v, placeholder()) {
-                        c.data.extend_from_slice(t.data());
+                        c.dest.push(t.data());
                     }
                     c.taken += 1;
                 }
@@ -369,8 +432,9 @@ impl Stacker {
         assert_eq!(samples.len(), self.pushed, "every sample pushed, none more");
         let mut stacked = Vec::new();
         for c in self.cols {
-            let n = (c.data.len() - c.pad) / c.taken.max(1);
-            let data = crate::recycle::freeze(c.data, c.pad);
+            let (data, pad) = c.dest.finish();
+            let n = (data.len() - pad) / c.taken.max(1);
+            let data = crate::recycle::freeze(data, pad);
             if c.spilled {
                 for (j, s) in samples.iter_mut().take(c.taken).enumerate() {
                     let t = Tensor::new(c.dtype, c.shape.clone(), data.slice(j * n..(j + 1) * n))?;
