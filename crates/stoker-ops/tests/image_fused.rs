@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use stoker_core::rng::Rng;
-use stoker_core::{DType, Tensor};
+use stoker_core::{BatchSlots, DType, Tensor};
 use stoker_ops::image::{
     decode_image, decode_jpeg, image_info, ColorMode, DctScale, DecodeImage,
     DecodeRandomResizedCrop, Interpolation, JpegRegion, Layout, RandomFlip, RandomResizedCrop,
@@ -189,6 +189,7 @@ fn fused_flip_and_to_tensor_equal_the_separate_kernels_bit_for_bit() {
     ];
     let mut flipped = 0;
     let mut cases = 0;
+    let mut in_slot = 0;
     for name in CHAIN_FILES {
         let data = file(name);
         for (i, (h, w)) in [(224, 224), (64, 48), (17, 33)].into_iter().enumerate() {
@@ -237,11 +238,28 @@ fn fused_flip_and_to_tensor_equal_the_separate_kernels_bit_for_bit() {
                     .apply_chain(&data, &mut c0.clone(), &mut f0.clone())
                     .unwrap();
                 assert_eq!(got, want, "{name} {h}x{w} seed {seed} (two generators)");
+                // Into a batch slot: the same tensor, its bytes in the slot.
+                let slots = BatchSlots::new(2);
+                let mut slot = None;
+                let got = op
+                    .apply_into(&data, &mut c0.clone(), Some(&mut f0.clone()), &mut |len| {
+                        let l = slots.lease(0, 1, len)?;
+                        slot = Some(l.as_ptr());
+                        Some(l)
+                    })
+                    .unwrap();
+                assert_eq!(got, want, "{name} {h}x{w} seed {seed} (in a slot)");
+                assert!(slot.is_none() || op.to_tensor.is_some());
+                if let Some(p) = slot {
+                    assert_eq!(got.data().as_ptr(), p, "{name} {h}x{w} seed {seed}");
+                    in_slot += 1;
+                }
                 cases += 1;
             }
         }
     }
     assert!(cases >= 600 && flipped > 100, "{cases} {flipped}");
+    assert!(in_slot >= cases / 2, "{in_slot} of {cases} in a slot");
 }
 
 #[test]

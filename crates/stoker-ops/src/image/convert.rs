@@ -157,6 +157,16 @@ pub(crate) enum Tables {
     F16(Vec<[[u8; 2]; 256]>),
 }
 
+impl Tables {
+    /// Bytes per output sample.
+    pub(crate) fn size(&self) -> usize {
+        match self {
+            Tables::F32(..) => 4,
+            Tables::F16(_) => 2,
+        }
+    }
+}
+
 /// `ToTensor`'s arithmetic per channel: `(x / 255 - mean) / std` in f32, or `(x - mean)
 /// / std` without the scale.
 #[derive(Debug, Clone)]
@@ -179,6 +189,49 @@ impl Affine {
     }
 }
 
+/// Where a conversion writes its output: the caller's memory (a batch slot, see
+/// `stoker_core::BatchSlots`) when it has the output's length, else a new buffer. The
+/// output is written whole, so neither is zeroed first (a fresh zeroed allocation of a
+/// batch-sized tensor costs page faults and memory).
+pub(crate) struct Sink<'a> {
+    target: Option<&'a mut [MaybeUninit<u8>]>,
+    vec: Vec<u8>,
+    len: usize,
+}
+
+impl<'a> Sink<'a> {
+    /// A sink for `len` bytes, into `target` if it has that length.
+    pub(crate) fn new(target: Option<&'a mut [MaybeUninit<u8>]>, len: usize) -> Sink<'a> {
+        let target = target.filter(|t| t.len() == len);
+        let vec = match target {
+            Some(_) => Vec::new(),
+            None => Vec::with_capacity(len),
+        };
+        Sink { target, vec, len }
+    }
+
+    /// The memory to write, `len` bytes.
+    pub(crate) fn dst(&mut self) -> &mut [MaybeUninit<u8>] {
+        match &mut self.target {
+            Some(t) => t,
+            None => &mut self.vec.spare_capacity_mut()[..self.len],
+        }
+    }
+
+    /// The new buffer, or `None` when the output went to the target.
+    ///
+    /// # Safety
+    /// Every byte of [`dst`](Self::dst) must have been written.
+    pub(crate) unsafe fn done(mut self) -> Option<Vec<u8>> {
+        if self.target.is_some() {
+            return None;
+        }
+        // SAFETY: the caller wrote all `len` bytes of the spare capacity.
+        unsafe { self.vec.set_len(self.len) };
+        Some(self.vec)
+    }
+}
+
 /// [`scatter`] into f32, on x86-64 with AVX2 computing 3-channel `[C, H, W]` planes 8
 /// pixels at a time (the same bits).
 pub(crate) fn scatter_f32(
@@ -188,29 +241,57 @@ pub(crate) fn scatter_f32(
     lut: &[[[u8; 4]; 256]],
     affine: &Affine,
 ) -> Vec<u8> {
+    let mut sink = Sink::new(None, px.len() * 4);
+    scatter_f32_into(px, c, layout, lut, affine, sink.dst());
+    // SAFETY: `scatter_f32_into` writes its output whole.
+    unsafe { sink.done() }.unwrap_or_default()
+}
+
+/// [`scatter_f32`] into `dst` (`px.len() * 4` bytes), written whole.
+pub(crate) fn scatter_f32_into(
+    px: &[u8],
+    c: usize,
+    layout: Layout,
+    lut: &[[[u8; 4]; 256]],
+    affine: &Affine,
+    dst: &mut [MaybeUninit<u8>],
+) {
     #[cfg(target_arch = "x86_64")]
     if c == 3 && layout == Layout::Chw && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { super::rgbx::scatter_chw_f32(px, affine) };
+        return unsafe { super::rgbx::scatter_chw_f32(px, affine, dst) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = affine;
-    scatter(px, c, layout, lut)
+    scatter_into(px, c, layout, lut, dst)
 }
 
 /// Maps every u8 sample through its channel's table of `N`-byte outputs, writing planes
-/// (CHW) or interleaved pixels (HWC), into a new buffer written whole (not zeroed first:
-/// a fresh zeroed allocation of a batch-sized tensor costs page faults and memory).
+/// (CHW) or interleaved pixels (HWC), into a new buffer.
 pub(crate) fn scatter<const N: usize>(
     px: &[u8],
     c: usize,
     layout: Layout,
     lut: &[[[u8; N]; 256]],
 ) -> Vec<u8> {
+    let mut sink = Sink::new(None, px.len() * N);
+    scatter_into(px, c, layout, lut, sink.dst());
+    // SAFETY: `scatter_into` writes its output whole.
+    unsafe { sink.done() }.unwrap_or_default()
+}
+
+/// [`scatter`] into `dst` (`px.len() * N` bytes), written whole.
+pub(crate) fn scatter_into<const N: usize>(
+    px: &[u8],
+    c: usize,
+    layout: Layout,
+    lut: &[[[u8; N]; 256]],
+    dst: &mut [MaybeUninit<u8>],
+) {
     let n = px.len() / c;
-    let len = px.len() * N;
-    let mut out: Vec<u8> = Vec::with_capacity(len);
-    let dst = &mut out.spare_capacity_mut()[..len];
+    // Every byte of `dst` is written below: `c` planes of `n` samples of `N` bytes, or
+    // `px.len()` samples of `N` bytes.
+    assert_eq!(dst.len(), px.len() * N);
     let put = |o: &mut [MaybeUninit<u8>], v: &[u8; N]| {
         for (o, &b) in o.iter_mut().zip(v) {
             o.write(b);
@@ -231,10 +312,6 @@ pub(crate) fn scatter<const N: usize>(
             }
         }
     }
-    // SAFETY: both layouts write every one of the `len` bytes: `c` planes of `n` samples
-    // of `N` bytes, or `px.len()` samples of `N` bytes.
-    unsafe { out.set_len(len) };
-    out
 }
 
 /// Converts between `[H, W, C]` and `[C, H, W]` (any dtype).

@@ -38,7 +38,7 @@
 
 use bytes::Bytes;
 use stoker_core::rng::Rng;
-use stoker_core::{Error, Tensor};
+use stoker_core::{Error, Lease, Tensor};
 
 use super::convert::ToTensor;
 use super::decode::{decode_image, DecodeImage};
@@ -127,7 +127,7 @@ impl DecodeRandomResizedCrop {
     /// the same output as `crop.apply(&decoded, rng)`, then `flip.apply(_, rng)`, then
     /// `to_tensor.apply(_)`.
     pub fn apply(&self, data: &[u8], rng: &mut Rng) -> Result<Tensor, Error> {
-        self.run(data, rng, None)
+        self.run(data, rng, None, None)
     }
 
     /// As [`apply`](Self::apply), but the flip's draw comes from `flip_rng`: for a
@@ -141,7 +141,22 @@ impl DecodeRandomResizedCrop {
         crop_rng: &mut Rng,
         flip_rng: &mut Rng,
     ) -> Result<Tensor, Error> {
-        self.run(data, crop_rng, Some(flip_rng))
+        self.run(data, crop_rng, Some(flip_rng), None)
+    }
+
+    /// As [`apply_chain`](Self::apply_chain) (or [`apply`](Self::apply) without
+    /// `flip_rng`), writing a converted tensor into the memory `slot` gives for its length
+    /// in bytes when it gives one (a batch slot, see [`stoker_core::BatchSlots`]). The
+    /// result is the same either way; only where its bytes live differs. `slot` is asked
+    /// at most once, and only when the fused pass writes a `ToTensor` output.
+    pub fn apply_into(
+        &self,
+        data: &[u8],
+        crop_rng: &mut Rng,
+        flip_rng: Option<&mut Rng>,
+        slot: &mut dyn FnMut(usize) -> Option<Lease>,
+    ) -> Result<Tensor, Error> {
+        self.run(data, crop_rng, flip_rng, Some(slot))
     }
 
     /// The flip to apply, drawn from `flip_rng` or else `rng`.
@@ -174,7 +189,13 @@ impl DecodeRandomResizedCrop {
         }
     }
 
-    fn run(&self, data: &[u8], rng: &mut Rng, flip_rng: Option<&mut Rng>) -> Result<Tensor, Error> {
+    fn run(
+        &self,
+        data: &[u8],
+        rng: &mut Rng,
+        flip_rng: Option<&mut Rng>,
+        slot: Option<&mut dyn FnMut(usize) -> Option<Lease>>,
+    ) -> Result<Tensor, Error> {
         self.crop.validate()?;
         let markers = if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
             Some(jpeg::scan_markers(data))
@@ -271,9 +292,11 @@ impl DecodeRandomResizedCrop {
             return self.finish(cropped, flip);
         }
         let tables;
+        let mut lease = None;
         let output = match &self.to_tensor {
             Some(t) => {
                 tables = t.tables(c)?;
+                lease = slot.and_then(|s| s(c * h * w * tables.size()));
                 Output::Tables(&tables, t.layout)
             }
             None => Output::U8,
@@ -287,10 +310,17 @@ impl DecodeRandomResizedCrop {
             (self.crop.interpolation, self.crop.antialias),
             flip,
             output,
+            lease.as_mut().map(Lease::out),
         );
-        match &self.to_tensor {
-            Some(t) => Tensor::new(t.dtype, t.shape(c, h, w), Bytes::from(out)),
-            None => super::hwc_tensor(h, w, c, out),
+        match (&self.to_tensor, out) {
+            (Some(t), Some(out)) => Tensor::new(t.dtype, t.shape(c, h, w), Bytes::from(out)),
+            (Some(t), None) => {
+                let lease = lease.expect("written into the lease");
+                // SAFETY: `resample_to_tensor` wrote the lease's memory whole (it returns
+                // `None` only when it wrote the target).
+                Tensor::new(t.dtype, t.shape(c, h, w), unsafe { lease.into_bytes() })
+            }
+            (None, out) => super::hwc_tensor(h, w, c, out.unwrap_or_default()),
         }
     }
 }

@@ -15,7 +15,7 @@ use std::mem::MaybeUninit;
 
 use stoker_core::{Error, Tensor};
 
-use super::convert::{scatter, scatter_f32, Layout, Tables};
+use super::convert::{scatter_f32_into, scatter_into, Layout, Sink, Tables};
 use super::geometry::Flip;
 #[cfg(target_arch = "x86_64")]
 use super::rgbx;
@@ -854,6 +854,10 @@ pub(crate) enum Output<'a> {
 /// rounds it, so the result is bit-identical to `resample`, then `Flip::apply`, then
 /// `ToTensor::apply`, without the intermediate u8 image, the flipped copy or the
 /// separate conversion pass. Not for `Nearest` (the caller runs the separate kernels).
+///
+/// A table output goes into `target` when it is given with the output's length (a batch
+/// slot): the result is then `None`. Otherwise, and always for [`Output::U8`], the result
+/// is a new buffer.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn resample_to_tensor(
     src: ImageRef<'_>,
@@ -864,7 +868,8 @@ pub(crate) fn resample_to_tensor(
     (f, antialias): (Interpolation, bool),
     flip: Option<Flip>,
     output: Output<'_>,
-) -> Vec<u8> {
+    target: Option<&mut [MaybeUninit<u8>]>,
+) -> Option<Vec<u8>> {
     debug_assert!(f != Interpolation::Nearest);
     let need_h = out_w != size.0 || b[0] != 0.0 || b[2] != size.0 as f64;
     let need_v = out_h != size.1 || b[1] != 0.0 || b[3] != size.1 as f64;
@@ -892,16 +897,21 @@ pub(crate) fn resample_to_tensor(
             Output::U8 => {
                 let mut px = Vec::new();
                 rows_then_columns(src, &wv, &wh, (out_w, out_h), &mut px);
-                px
+                Some(px)
             }
             // The u8 image is only read by the conversion: a reused buffer.
             Output::Tables(tables, layout) => {
                 let mut px = Scratch::take();
                 rows_then_columns(src, &wv, &wh, (out_w, out_h), &mut px);
+                let mut sink = Sink::new(target, px.len() * tables.size());
                 match tables {
-                    Tables::F32(lut, affine) => scatter_f32(&px, src.c, layout, lut, affine),
-                    Tables::F16(lut) => scatter(&px, src.c, layout, lut),
+                    Tables::F32(lut, affine) => {
+                        scatter_f32_into(&px, src.c, layout, lut, affine, sink.dst())
+                    }
+                    Tables::F16(lut) => scatter_into(&px, src.c, layout, lut, sink.dst()),
                 }
+                // SAFETY: both conversions write their output whole.
+                unsafe { sink.done() }
             }
         };
     }
@@ -921,66 +931,36 @@ pub(crate) fn resample_to_tensor(
         c: src.c,
     };
     let n = out_w * out_h * src.c;
-    match output {
+    let tables = match output {
         Output::U8 => {
             let mut out = Vec::new();
             vertical(mid_ref, &wv, out_h, &mut out);
-            out
+            return Some(out);
         }
-        // The output is written whole by the pass, so it is not zeroed first (a
-        // measurable memset on a 600 KB tensor).
-        Output::Tables(Tables::F32(lut, affine), layout) => {
-            let mut out = Vec::with_capacity(n * 4);
-            #[cfg(target_arch = "x86_64")]
-            if layout == Layout::Chw && src.c == 3 && std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU supports AVX2, checked just above.
-                unsafe {
-                    rgbx::vertical_chw_f32(
-                        mid_ref,
-                        &wv.bounds,
-                        (&wv.k, wv.ksize),
-                        affine,
-                        &mut out.spare_capacity_mut()[..n * 4],
-                    )
-                };
-                // SAFETY: `vertical_chw_f32` wrote all n * 4 bytes (it asserts the
-                // length and writes every row of every plane whole).
-                unsafe { out.set_len(n * 4) };
-                return out;
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = affine;
-            vertical_f32(
-                mid_ref,
-                &wv,
-                lut,
-                layout,
-                &mut out.spare_capacity_mut()[..n * 4],
-            );
-            // SAFETY: `vertical_lut_impl` wrote all n * 4 bytes (it asserts the length
-            // and writes every row whole).
-            unsafe { out.set_len(n * 4) };
-            out
+        Output::Tables(tables, layout) => (tables, layout),
+    };
+    let mut sink = Sink::new(target, n * tables.0.size());
+    match tables {
+        #[cfg(target_arch = "x86_64")]
+        (Tables::F32(_, affine), Layout::Chw)
+            if src.c == 3 && std::arch::is_x86_feature_detected!("avx2") =>
+        {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            unsafe {
+                rgbx::vertical_chw_f32(mid_ref, &wv.bounds, (&wv.k, wv.ksize), affine, sink.dst())
+            };
         }
-        Output::Tables(Tables::F16(lut), layout) => {
-            let mut out = Vec::with_capacity(n * 2);
-            vertical_f16(
-                mid_ref,
-                &wv,
-                lut,
-                layout,
-                &mut out.spare_capacity_mut()[..n * 2],
-            );
-            // SAFETY: as above, all n * 2 bytes were written.
-            unsafe { out.set_len(n * 2) };
-            out
-        }
+        (Tables::F32(lut, _), layout) => vertical_f32(mid_ref, &wv, lut, layout, sink.dst()),
+        (Tables::F16(lut), layout) => vertical_f16(mid_ref, &wv, lut, layout, sink.dst()),
     }
+    // SAFETY: every pass writes its output whole (each asserts the length and writes
+    // every row of every plane, or of pixels, whole).
+    unsafe { sink.done() }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::convert::Affine;
+    use super::super::convert::{scatter, Affine};
     use super::*;
 
     #[test]

@@ -226,14 +226,15 @@ pub(super) fn vertical_chw_f32(
     }
 }
 
-/// `ToTensor` of a 3-channel u8 image into f32 `[C, H, W]` planes: `convert::scatter`
-/// with `affine` computed 8 pixels at a time (the same bits as its table).
+/// `ToTensor` of a 3-channel u8 image into f32 `[C, H, W]` planes, written whole into
+/// `out`: `convert::scatter` with `affine` computed 8 pixels at a time (the same bits as
+/// its table).
 #[target_feature(enable = "avx2")]
-pub(super) fn scatter_chw_f32(px: &[u8], affine: &Affine) -> Vec<u8> {
+pub(super) fn scatter_chw_f32(px: &[u8], affine: &Affine, out: &mut [MaybeUninit<u8>]) {
     assert!(px.len().is_multiple_of(3) && affine.mean.len() >= 3 && affine.std.len() >= 3);
     let n = px.len() / 3;
-    let len = n * 3 * 4;
-    let mut out: Vec<u8> = Vec::with_capacity(len);
+    // Every byte of `out` is written below: 3 planes of n f32s.
+    assert_eq!(out.len(), n * 3 * 4);
     let op = out.as_mut_ptr() as *mut f32;
     let planes = Planes::new(affine);
     let sp = px.as_ptr();
@@ -245,8 +246,8 @@ pub(super) fn scatter_chw_f32(px: &[u8], affine: &Affine) -> Vec<u8> {
                 _mm_loadl_epi64(sp.add(i * 3 + j * 8) as *const __m128i)
             })
         });
-        // SAFETY: samples i..i + 8 of each of the 3 planes of n are inside `out`'s
-        // capacity (3 * n f32s).
+        // SAFETY: samples i..i + 8 of each of the 3 planes of n are inside `out` (3 * n
+        // f32s).
         unsafe { planes.store(v, affine, op.add(i), n) };
     }
     for i in nb..n {
@@ -258,9 +259,6 @@ pub(super) fn scatter_chw_f32(px: &[u8], affine: &Affine) -> Vec<u8> {
             };
         }
     }
-    // SAFETY: all 3 planes of n f32s were written, the blocks of 8 and the rest.
-    unsafe { out.set_len(len) };
-    out
 }
 
 /// Splits 8 interleaved RGB pixels (24 values in 0..=255, as i32) into planes and writes
