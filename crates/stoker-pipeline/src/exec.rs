@@ -65,7 +65,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
-use stoker_core::{Batch, CollatePolicy, Error, MemoryBudget, Reservation, Sample, Stacker};
+use stoker_core::{
+    Batch, BatchSlots, CollatePolicy, Error, MemoryBudget, Reservation, Sample, Stacker,
+};
 
 use crate::ops::Builtin;
 use crate::ops::{OpContext, SampleOp};
@@ -843,6 +845,9 @@ struct Shared {
     /// The workers' running average of nanoseconds per sample (0 until measured): sizes
     /// the source's hand-offs.
     sample_cost_ns: AtomicU64,
+    /// The batch stage's slots, when the producer's last operator feeds it directly (see
+    /// [`batch_slots`]).
+    slots: Option<Arc<BatchSlots>>,
 }
 
 /// A running pipeline: an iterator of items, with [`Run::state`] and [`Run::stats`].
@@ -1088,6 +1093,7 @@ impl Run {
             tail_moved: Condvar::new(),
             active: AtomicUsize::new(threads),
             sample_cost_ns: AtomicU64::new(0),
+            slots: batch_slots(&ph, cfg.columnar.is_some(), p.options.deterministic),
         });
         shared
             .stats
@@ -1229,11 +1235,17 @@ impl Run {
 
     /// Statistics now (cheap; safe to call while iterating from another thread's copy).
     pub fn stats(&self) -> Stats {
-        self.shared.stats.snapshot(
+        let mut st = self.shared.stats.snapshot(
             &self.budget,
             self.store.as_ref(),
             self.storage_baseline.as_ref(),
-        )
+        );
+        st.batch_slots = self.shared.slots.as_ref().map(|s| crate::BatchSlotStats {
+            placed: s.placed(),
+            copied: s.copied(),
+            given_up: s.given_up(),
+        });
+        st
     }
 
     /// Whether the source reads columns straight into batches (the columnar path; see
@@ -1575,7 +1587,8 @@ fn worker(
         let n = chunk.len() as u64;
         for p in chunk {
             let stages = (stage.as_deref(), collating.as_deref());
-            results.push(run_one(p, producer, seed, epoch, ds, stages));
+            let slots = shared.slots.as_ref();
+            results.push(run_one(p, (producer, slots), seed, epoch, ds, stages));
         }
         let busy = t1.elapsed().as_nanos() as u64;
         if let Some(s) = &stage {
@@ -1593,10 +1606,13 @@ fn worker(
     }
 }
 
+/// A producer operator and its index in the pipeline.
+type ProducerOp = (usize, Arc<dyn SampleOp>);
+
 /// One sample through the producer operators (a panic in an operator is its error).
 fn run_one(
     p: Produced,
-    producer: &[(usize, Arc<dyn SampleOp>)],
+    (producer, slots): (&[ProducerOp], Option<&Arc<BatchSlots>>),
     seed: u64,
     epoch: u64,
     ds: &Dataset,
@@ -1629,7 +1645,7 @@ fn run_one(
         Produced::Elem(el) => {
             let seq = el.seq;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                apply_producer(el, producer, seed, epoch, ds)
+                apply_producer(el, (producer, slots), seed, epoch, ds)
             }));
             (
                 seq,
@@ -1657,14 +1673,17 @@ fn run_one(
 
 fn apply_producer(
     mut el: Element,
-    producer: &[(usize, Arc<dyn SampleOp>)],
+    (producer, slots): (&[ProducerOp], Option<&Arc<BatchSlots>>),
     seed: u64,
     epoch: u64,
     ds: &Dataset,
 ) -> Result<Option<Element>, Error> {
     let before = el.sample.size_bytes();
-    for (i, op) in producer {
+    for (k, (i, op)) in producer.iter().enumerate() {
         let mut ctx = OpContext::new(seed, epoch, el.pos.shard, el.pos.record, *i);
+        if let Some(s) = slots.filter(|_| k + 1 == producer.len()) {
+            ctx = ctx.with_batch_slots(s.clone(), el.seq);
+        }
         let locate = |e: Error| {
             e.with_stage(op.meta().name)
                 .with_object(ds.shards[el.pos.shard as usize].url.clone())
@@ -2324,7 +2343,8 @@ impl TailRun<'_> {
                 }
                 TailOp::Batch(n, d, c) => {
                     let mut partial = Vec::with_capacity(keys[i].len());
-                    let mut stacker = Stacker::new();
+                    let slots = ctx.shared.slots.clone().filter(|_| i == 0);
+                    let mut stacker = Stacker::with_slots(slots);
                     for k in &keys[i] {
                         match self.remake(k, i, &got)? {
                             Flow::Elem(mut el, cut) => {
@@ -2443,7 +2463,7 @@ impl TailRun<'_> {
             Some(c) => &c.ops[..],
             None => &ctx.producer[..],
         };
-        let el = apply_producer(el, producer, ctx.seed, self.epoch, &ctx.ds)?
+        let el = apply_producer(el, (producer, None), ctx.seed, self.epoch, &ctx.ds)?
             .ok_or_else(|| Error::invalid("a buffered sample is filtered out on resume"))?;
         self.tail_maps(el, 0, at)
     }
@@ -2969,7 +2989,7 @@ impl TailRun<'_> {
                     partial.push((el, cut));
                     if partial.len() == *size {
                         let members = std::mem::take(partial);
-                        let st = std::mem::take(stacker);
+                        let st = stacker.take();
                         match collate_elems(members, Some(st), collate) {
                             Ok(f) => outs.push(f),
                             Err(e) => err = Some(e),
@@ -3097,7 +3117,7 @@ impl TailRun<'_> {
                     ..
                 } if !partial.is_empty() => {
                     let members = std::mem::take(partial);
-                    let st = std::mem::take(stacker);
+                    let st = stacker.take();
                     if *drop_last {
                         break;
                     }
@@ -3207,6 +3227,23 @@ fn locate(ds: &Dataset, e: Error, pos: Pos) -> Error {
 
 /// The batch of `members`; `stacker`, when given, has been pushed every member's sample
 /// in order (the batch stage's eager stacking).
+/// Slots for the batch stage ([`BatchSlots`]: the producer's last operator writes a
+/// sample's tensor where the batch will stack it) when the producer feeds a batch stage
+/// directly, in order (a run that is not deterministic numbers samples as they finish, so
+/// the prediction would rarely hold). `STOKER_BATCH_SLOTS=0` turns them off, to measure
+/// what they save.
+fn batch_slots(ph: &Physical, columnar: bool, deterministic: bool) -> Option<Arc<BatchSlots>> {
+    let off = std::env::var("STOKER_BATCH_SLOTS").is_ok_and(|v| v == "0");
+    match ph.tail.first() {
+        Some(TailOp::Batch(n, ..))
+            if !off && !columnar && deterministic && !ph.producer.is_empty() =>
+        {
+            Some(Arc::new(BatchSlots::new(*n)))
+        }
+        _ => None,
+    }
+}
+
 fn collate_elems(
     members: Vec<(Element, CutFrom)>,
     stacker: Option<Stacker>,

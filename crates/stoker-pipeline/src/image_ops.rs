@@ -495,13 +495,14 @@ impl SampleOp for FusedDecodeCrop {
 
     fn apply(&self, mut s: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {
         let data = encoded_field(&s, &self.field, &self.name)?;
-        let out = match self.flip_op {
-            Some(j) => {
-                let mut flip = ctx.for_op(j);
-                self.kernel.apply_chain(data, ctx.rng(), flip.rng())?
-            }
-            None => self.kernel.apply(data, ctx.rng())?,
-        };
+        let mut flip = self.flip_op.map(|j| ctx.for_op(j));
+        let mut slot = ctx.take_output_slot();
+        let out = self.kernel.apply_into(
+            data,
+            ctx.rng(),
+            flip.as_mut().map(OpContext::rng),
+            &mut slot,
+        )?;
         s.insert(self.field.as_str(), out);
         Ok(Some(s))
     }

@@ -55,4 +55,4 @@ pub use plan::{
 };
 pub use source::{Pos, SourceCursor};
 pub use spec::PipelineSpec;
-pub use stats::{MemoryStats, SampleCacheStats, Skipped, StageStats, Stats};
+pub use stats::{BatchSlotStats, MemoryStats, SampleCacheStats, Skipped, StageStats, Stats};

@@ -11,7 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use stoker_core::{Batch, DType, Error, OpMeta, Sample, Tensor, Value};
+use stoker_core::{Batch, BatchSlots, DType, Error, Lease, OpMeta, Sample, Tensor, Value};
 
 use crate::rng::Rng;
 
@@ -20,6 +20,9 @@ use crate::rng::Rng;
 pub struct OpContext {
     words: [u64; 5],
     rng: Option<Rng>,
+    /// Where the batch stage will stack this sample: (slots, the sample's sequence number
+    /// in the epoch).
+    slot: Option<(Arc<BatchSlots>, u64)>,
 }
 
 impl OpContext {
@@ -28,6 +31,33 @@ impl OpContext {
         OpContext {
             words: [seed, epoch, shard as u64, record, op as u64],
             rng: None,
+            slot: None,
+        }
+    }
+
+    /// This context, for the last operator before a batch stage that stacks in `slots`:
+    /// the sample is number `seq` of its epoch.
+    pub fn with_batch_slots(mut self, slots: Arc<BatchSlots>, seq: u64) -> OpContext {
+        self.slot = Some((slots, seq));
+        self
+    }
+
+    /// Memory for the sample's main tensor of `len` bytes in the batch it will be stacked
+    /// in, when the executor predicts one (see [`BatchSlots`]): an operator that makes a
+    /// large tensor may write it there and save the batch stage a copy. At most one per
+    /// sample; `None` when there is none. Writing elsewhere is always correct.
+    pub fn output_slot(&mut self, len: usize) -> Option<Lease> {
+        self.take_output_slot()(len)
+    }
+
+    /// [`output_slot`](Self::output_slot), to call later (while the generator is
+    /// borrowed).
+    pub fn take_output_slot(&mut self) -> impl FnMut(usize) -> Option<Lease> + use<> {
+        let mut slot = self.slot.take();
+        let epoch = self.words[1];
+        move |len| {
+            let (slots, seq) = slot.take()?;
+            slots.lease(epoch, seq, len)
         }
     }
 
@@ -47,7 +77,11 @@ impl OpContext {
     pub fn for_op(&self, op: usize) -> OpContext {
         let mut words = self.words;
         words[4] = op as u64;
-        OpContext { words, rng: None }
+        OpContext {
+            words,
+            rng: None,
+            slot: None,
+        }
     }
 }
 

@@ -124,6 +124,22 @@ pub struct Stats {
     pub storage: Option<stoker_store::MetricsSnapshot>,
     /// The `cache` operator's numbers, when the pipeline has one.
     pub cache: Option<SampleCacheStats>,
+    /// Where the batch stage found its samples' tensors, when the operator before it
+    /// writes them into the batch's buffer (see `stoker_core::BatchSlots`).
+    pub batch_slots: Option<BatchSlotStats>,
+}
+
+/// The batch stage's slots: samples whose tensor was written in place by their operator,
+/// and those the stage copied (the prediction missed, or the sample was too far ahead).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct BatchSlotStats {
+    /// Samples found in their batch slot (no copy).
+    pub placed: u64,
+    /// Samples copied into a slot of a batch that started in place (the others' batches
+    /// are stacked as without slots, and counted in neither).
+    pub copied: u64,
+    /// Whether slots were given up (batches kept missing them).
+    pub given_up: bool,
 }
 
 #[derive(Debug)]
@@ -220,6 +236,7 @@ impl StatsHub {
                 bytes: ld(&c.bytes),
                 limit: Some(ld(&c.limit)).filter(|&l| l != u64::MAX),
             }),
+            batch_slots: None,
         }
     }
 }

@@ -323,3 +323,88 @@ fn bad_images_name_the_operator_and_the_sample() {
     let msg = bad.unwrap().apply_ops(images(1)).unwrap_err().to_string();
     assert!(msg.contains("layout"), "{msg}");
 }
+
+/// The ImageNet-style chain batched: the fused kernel writes each sample's tensor into its
+/// batch slot (see `stoker_core::BatchSlots`) when the batch follows it directly.
+fn batched(samples: Vec<Sample>, threads: usize, last: Option<Builtin>) -> Pipeline {
+    let mut p = Pipeline::from_samples(samples)
+        .map(decode())
+        .map(rrc(96))
+        .map(flip())
+        .map(to_tensor());
+    if let Some(op) = last {
+        p = p.map(op);
+    }
+    p.batch(8, false).seed(11).options(
+        RunOptions::default()
+            .with_threads(threads)
+            .with_errors(stoker_pipeline::ErrorPolicy::Skip),
+    )
+}
+
+fn samples(n: usize, bad_every: usize) -> Vec<Sample> {
+    let files = [
+        "photo_420.jpg",
+        "progressive.jpg",
+        "photo.png",
+        "photo_422.jpg",
+    ];
+    (0..n)
+        .map(|i| {
+            let mut s = Sample::new();
+            s.insert("__key__", format!("img{i}"));
+            let data = if bad_every > 0 && i % bad_every == bad_every - 1 {
+                b"not an image".to_vec()
+            } else {
+                fixture(files[i % files.len()])
+            };
+            s.insert("jpg", Value::Bytes(data.into()));
+            s.insert("label", i as i64);
+            s
+        })
+        .collect()
+}
+
+#[test]
+fn batches_stacked_in_the_kernels_slots_equal_batches_stacked_by_copy() {
+    for (n, bad_every, threads) in [(70, 0, 2), (61, 13, 2), (45, 0, 1), (50, 7, 3)] {
+        let items = |last: Option<Builtin>| {
+            let mut run = batched(samples(n, bad_every), threads, last).run().unwrap();
+            let items: Vec<Item> = run.by_ref().map(Result::unwrap).collect();
+            (items, run.stats())
+        };
+        let (slotted, st) = items(None);
+        // A no-op after the kernel: the batch stage copies every sample.
+        let (copied, st2) = items(Some(Builtin::Drop { fields: vec![] }));
+        assert_eq!(slotted, copied, "{n} samples, every {bad_every} bad");
+        let rows: usize = slotted.iter().map(Item::samples).sum();
+        let bad = n.checked_div(bad_every).unwrap_or(0);
+        assert_eq!(rows, n - bad);
+        assert_eq!(st.skipped, bad as u64);
+        let slots = st.batch_slots.expect("the batch follows the kernel");
+        // PNGs (a quarter) take the unfused path: copied. The others are found in place
+        // unless skipped samples moved them (each one moves the prediction).
+        if bad_every == 0 {
+            assert!(
+                slots.placed as usize >= rows / 2 && !slots.given_up,
+                "{n} samples: {slots:?}"
+            );
+        }
+        assert_eq!(st2.batch_slots.map(|s| s.placed), Some(0));
+    }
+}
+
+#[test]
+fn a_run_resumed_mid_batch_with_slots_gives_the_same_batches() {
+    let p = batched(samples(60, 11), 2, None);
+    let full: Vec<Item> = p.run().unwrap().map(Result::unwrap).collect();
+    for k in [1, 3, 5] {
+        let mut run = p.run().unwrap();
+        let head: Vec<Item> = run.by_ref().take(k).map(Result::unwrap).collect();
+        assert_eq!(&head[..], &full[..k]);
+        let state = run.state().unwrap();
+        drop(run);
+        let rest: Vec<Item> = p.resume(&state).unwrap().map(Result::unwrap).collect();
+        assert_eq!(&rest[..], &full[k..], "resumed after {k} batches");
+    }
+}

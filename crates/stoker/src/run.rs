@@ -31,6 +31,10 @@ pub struct RunReport {
     pub stages: Vec<stoker_pipeline::StageStats>,
     /// The `cache` op's numbers (hits, stored, over_limit, bytes, limit); `null` without one.
     pub cache: Option<stoker_pipeline::SampleCacheStats>,
+    /// Samples the batch stage found already in place in its buffer (written there by the
+    /// operator before it) and those it copied; `null` when the batch does not follow an
+    /// operator directly.
+    pub batch_slots: Option<stoker_pipeline::BatchSlotStats>,
     pub skipped_errors: Vec<String>,
     pub autotune: Vec<(f64, u64, String)>,
 }
@@ -135,6 +139,7 @@ fn run_blocking(
         first_item_s,
         stages: st.stages.clone(),
         cache: st.cache.clone(),
+        batch_slots: st.batch_slots,
         skipped_errors: st.skipped_errors.iter().map(|s| s.error.clone()).collect(),
         autotune: st.autotune.clone(),
     };
@@ -178,6 +183,15 @@ fn print_summary(out: &mut impl Write, r: &RunReport, st: &Stats) -> std::io::Re
             c.limit
                 .map(|l| format!(" of {:.1} MiB", l as f64 / (1 << 20) as f64))
                 .unwrap_or_default()
+        )?;
+    }
+    if let Some(b) = &r.batch_slots {
+        writeln!(
+            out,
+            "batch: {} samples written in place by their operator, {} copied in{}",
+            b.placed,
+            b.copied,
+            if b.given_up { " (slots given up)" } else { "" }
         )?;
     }
     if r.step_ms > 0.0 {
