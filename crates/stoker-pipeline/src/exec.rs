@@ -3225,8 +3225,6 @@ fn locate(ds: &Dataset, e: Error, pos: Pos) -> Error {
     }
 }
 
-/// The batch of `members`; `stacker`, when given, has been pushed every member's sample
-/// in order (the batch stage's eager stacking).
 /// Slots for the batch stage ([`BatchSlots`]: the producer's last operator writes a
 /// sample's tensor where the batch will stack it) when the producer feeds a batch stage
 /// directly, in order (a run that is not deterministic numbers samples as they finish, so
@@ -3244,6 +3242,8 @@ fn batch_slots(ph: &Physical, columnar: bool, deterministic: bool) -> Option<Arc
     }
 }
 
+/// The batch of `members`; `stacker`, when given, has been pushed every member's sample
+/// in order (the batch stage's eager stacking).
 fn collate_elems(
     members: Vec<(Element, CutFrom)>,
     stacker: Option<Stacker>,
