@@ -340,3 +340,30 @@ fn fused_chain_reports_the_conversions_errors() {
     let e = op.apply(&data, &mut Rng::from_words(&[1])).unwrap_err();
     assert!(e.to_string().contains("to_tensor: 2 mean values"), "{e}");
 }
+
+#[test]
+fn to_tensor_into_a_batch_slot_is_the_same_tensor_in_the_slot() {
+    let conversions = [
+        ToTensor::imagenet(),
+        ToTensor::imagenet().dtype(DType::F16),
+        ToTensor::imagenet().layout(Layout::Hwc),
+        ToTensor::default().scale(false),
+    ];
+    for name in ["photo_420.jpg", "gray.jpg", "big.jpg"] {
+        let img = decode_image(&file(name), &DecodeImage::default()).unwrap();
+        for conv in &conversions {
+            let want = conv.apply(&img).unwrap();
+            let slots = BatchSlots::new(4);
+            let mut slot = None;
+            let got = conv
+                .apply_into(&img, &mut |len| {
+                    let l = slots.lease(0, 2, len)?;
+                    slot = Some(l.as_ptr());
+                    Some(l)
+                })
+                .unwrap();
+            assert_eq!(got, want, "{name} {conv:?}");
+            assert_eq!(Some(got.data().as_ptr()), slot, "{name}: in the slot");
+        }
+    }
+}

@@ -446,7 +446,10 @@ pub(crate) fn apply(
             }
             Builtin::ImageToTensor { field, .. } => {
                 let img = image_field(&s, field, "image_to_tensor")?;
-                (field, to_tensor(b)?.apply(img)?)
+                (
+                    field,
+                    to_tensor(b)?.apply_into(img, &mut ctx.take_output_slot())?,
+                )
             }
             _ => unreachable!("apply() of an image operator"),
         };

@@ -408,3 +408,35 @@ fn a_run_resumed_mid_batch_with_slots_gives_the_same_batches() {
         assert_eq!(&rest[..], &full[k..], "resumed after {k} batches");
     }
 }
+
+#[test]
+fn an_unfused_to_tensor_before_the_batch_writes_into_its_slots_too() {
+    // Validation style: decode, resize, center crop, to_tensor (not fused with the decode).
+    let p = |slotted: bool| {
+        let mut p = Pipeline::from_samples(samples(40, 0))
+            .map(decode())
+            .map(Builtin::Resize {
+                field: "jpg".into(),
+                size: Size::Square(110),
+                interpolation: None,
+                antialias: None,
+            })
+            .map(Builtin::CenterCrop {
+                field: "jpg".into(),
+                size: Size::Square(96),
+            })
+            .map(to_tensor());
+        if !slotted {
+            p = p.map(Builtin::Drop { fields: vec![] });
+        }
+        p.batch(8, false)
+            .options(RunOptions::default().with_threads(2))
+    };
+    let mut run = p(true).run().unwrap();
+    let a: Vec<Item> = run.by_ref().map(Result::unwrap).collect();
+    let st = run.stats().batch_slots.unwrap();
+    let b: Vec<Item> = p(false).run().unwrap().map(Result::unwrap).collect();
+    assert_eq!(a, b);
+    // PNGs too: to_tensor runs on every decoded image.
+    assert!(st.placed >= 30, "{st:?}");
+}

@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 
 use bytes::Bytes;
 use half::f16;
-use stoker_core::{DType, Error, Tensor};
+use stoker_core::{DType, Error, Lease, Tensor};
 
 use super::ImageRef;
 
@@ -138,13 +138,36 @@ impl ToTensor {
 
     /// Converts `image` (`[H, W, C]` u8).
     pub fn apply(&self, image: &Tensor) -> Result<Tensor, Error> {
+        self.apply_into(image, &mut |_| None)
+    }
+
+    /// As [`apply`](Self::apply), writing the output into the memory `slot` gives for its
+    /// length in bytes when it gives one (a batch slot, see [`stoker_core::BatchSlots`]):
+    /// the same tensor, in that memory. `slot` is asked at most once.
+    pub fn apply_into(
+        &self,
+        image: &Tensor,
+        slot: &mut dyn FnMut(usize) -> Option<Lease>,
+    ) -> Result<Tensor, Error> {
         let img = ImageRef::from_tensor(image, "to_tensor")?;
         let (h, w, c) = (img.h, img.w, img.c);
-        let data = match self.tables(c)? {
-            Tables::F32(lut, affine) => scatter_f32(img.data, c, self.layout, &lut, &affine),
-            Tables::F16(lut) => scatter(img.data, c, self.layout, &lut),
+        let tables = self.tables(c)?;
+        let len = img.data.len() * tables.size();
+        let mut lease = slot(len);
+        let mut sink = Sink::new(lease.as_mut().map(Lease::out), len);
+        match &tables {
+            Tables::F32(lut, affine) => {
+                scatter_f32_into(img.data, c, self.layout, lut, affine, sink.dst())
+            }
+            Tables::F16(lut) => scatter_into(img.data, c, self.layout, lut, sink.dst()),
+        }
+        // SAFETY: both conversions write their output whole.
+        let data = match unsafe { sink.done() } {
+            Some(v) => Bytes::from(v),
+            // SAFETY: `done` gives `None` only when the output went to the lease, whole.
+            None => unsafe { lease.expect("written into the lease").into_bytes() },
         };
-        Tensor::new(self.dtype, self.shape(c, h, w), Bytes::from(data))
+        Tensor::new(self.dtype, self.shape(c, h, w), data)
     }
 }
 
@@ -232,8 +255,8 @@ impl<'a> Sink<'a> {
     }
 }
 
-/// [`scatter`] into f32, on x86-64 with AVX2 computing 3-channel `[C, H, W]` planes 8
-/// pixels at a time (the same bits).
+/// [`scatter_f32_into`] into a new buffer (for tests).
+#[cfg(test)]
 pub(crate) fn scatter_f32(
     px: &[u8],
     c: usize,
@@ -247,7 +270,9 @@ pub(crate) fn scatter_f32(
     unsafe { sink.done() }.unwrap_or_default()
 }
 
-/// [`scatter_f32`] into `dst` (`px.len() * 4` bytes), written whole.
+/// [`scatter_into`] with f32 outputs, on x86-64 with AVX2 computing 3-channel `[C, H, W]`
+/// planes 8 pixels at a time (the same bits): into `dst` (`px.len() * 4` bytes), written
+/// whole.
 pub(crate) fn scatter_f32_into(
     px: &[u8],
     c: usize,
@@ -266,8 +291,8 @@ pub(crate) fn scatter_f32_into(
     scatter_into(px, c, layout, lut, dst)
 }
 
-/// Maps every u8 sample through its channel's table of `N`-byte outputs, writing planes
-/// (CHW) or interleaved pixels (HWC), into a new buffer.
+/// [`scatter_into`] into a new buffer (for tests).
+#[cfg(test)]
 pub(crate) fn scatter<const N: usize>(
     px: &[u8],
     c: usize,
@@ -280,7 +305,8 @@ pub(crate) fn scatter<const N: usize>(
     unsafe { sink.done() }.unwrap_or_default()
 }
 
-/// [`scatter`] into `dst` (`px.len() * N` bytes), written whole.
+/// Maps every u8 sample through its channel's table of `N`-byte outputs, writing planes
+/// (CHW) or interleaved pixels (HWC) into `dst` (`px.len() * N` bytes), written whole.
 pub(crate) fn scatter_into<const N: usize>(
     px: &[u8],
     c: usize,

@@ -227,7 +227,7 @@ pub(super) fn vertical_chw_f32(
 }
 
 /// `ToTensor` of a 3-channel u8 image into f32 `[C, H, W]` planes, written whole into
-/// `out`: `convert::scatter` with `affine` computed 8 pixels at a time (the same bits as
+/// `out`: `convert::scatter_into` with `affine` computed 8 pixels at a time (the same bits as
 /// its table).
 #[target_feature(enable = "avx2")]
 pub(super) fn scatter_chw_f32(px: &[u8], affine: &Affine, out: &mut [MaybeUninit<u8>]) {
