@@ -1585,9 +1585,9 @@ fn worker(
         }
         let mut results = Vec::with_capacity(chunk.len());
         let n = chunk.len() as u64;
+        let slots = shared.slots.as_ref();
         for p in chunk {
             let stages = (stage.as_deref(), collating.as_deref());
-            let slots = shared.slots.as_ref();
             results.push(run_one(p, (producer, slots), seed, epoch, ds, stages));
         }
         let busy = t1.elapsed().as_nanos() as u64;

@@ -153,8 +153,7 @@ impl ToTensor {
         let (h, w, c) = (img.h, img.w, img.c);
         let tables = self.tables(c)?;
         let len = img.data.len() * tables.size();
-        let mut lease = slot(len);
-        let mut sink = Sink::new(lease.as_mut().map(Lease::out), len);
+        let mut sink = Sink::new(slot(len), len);
         match &tables {
             Tables::F32(lut, affine) => {
                 scatter_f32_into(img.data, c, self.layout, lut, affine, sink.dst())
@@ -162,12 +161,7 @@ impl ToTensor {
             Tables::F16(lut) => scatter_into(img.data, c, self.layout, lut, sink.dst()),
         }
         // SAFETY: both conversions write their output whole.
-        let data = match unsafe { sink.done() } {
-            Some(v) => Bytes::from(v),
-            // SAFETY: `done` gives `None` only when the output went to the lease, whole.
-            None => unsafe { lease.expect("written into the lease").into_bytes() },
-        };
-        Tensor::new(self.dtype, self.shape(c, h, w), data)
+        Tensor::new(self.dtype, self.shape(c, h, w), unsafe { sink.done() })
     }
 }
 
@@ -212,46 +206,49 @@ impl Affine {
     }
 }
 
-/// Where a conversion writes its output: the caller's memory (a batch slot, see
+/// Where a conversion writes its output: a lease's memory (a batch slot, see
 /// `stoker_core::BatchSlots`) when it has the output's length, else a new buffer. The
 /// output is written whole, so neither is zeroed first (a fresh zeroed allocation of a
 /// batch-sized tensor costs page faults and memory).
-pub(crate) struct Sink<'a> {
-    target: Option<&'a mut [MaybeUninit<u8>]>,
+pub(crate) struct Sink {
+    lease: Option<Lease>,
     vec: Vec<u8>,
     len: usize,
 }
 
-impl<'a> Sink<'a> {
-    /// A sink for `len` bytes, into `target` if it has that length.
-    pub(crate) fn new(target: Option<&'a mut [MaybeUninit<u8>]>, len: usize) -> Sink<'a> {
-        let target = target.filter(|t| t.len() == len);
-        let vec = match target {
+impl Sink {
+    /// A sink for `len` bytes, into `lease` if it has that length.
+    pub(crate) fn new(lease: Option<Lease>, len: usize) -> Sink {
+        let lease = lease.filter(|l| l.len() == len);
+        let vec = match lease {
             Some(_) => Vec::new(),
             None => Vec::with_capacity(len),
         };
-        Sink { target, vec, len }
+        Sink { lease, vec, len }
     }
 
     /// The memory to write, `len` bytes.
     pub(crate) fn dst(&mut self) -> &mut [MaybeUninit<u8>] {
-        match &mut self.target {
-            Some(t) => t,
+        match &mut self.lease {
+            Some(l) => l.out(),
             None => &mut self.vec.spare_capacity_mut()[..self.len],
         }
     }
 
-    /// The new buffer, or `None` when the output went to the target.
+    /// The output's bytes, wherever they were written.
     ///
     /// # Safety
     /// Every byte of [`dst`](Self::dst) must have been written.
-    pub(crate) unsafe fn done(mut self) -> Option<Vec<u8>> {
-        if self.target.is_some() {
-            return None;
+    pub(crate) unsafe fn done(mut self) -> Bytes {
+        match self.lease {
+            // SAFETY: the caller wrote the lease's memory whole.
+            Some(l) => unsafe { l.into_bytes() },
+            None => {
+                // SAFETY: the caller wrote all `len` bytes of the spare capacity.
+                unsafe { self.vec.set_len(self.len) };
+                Bytes::from(self.vec)
+            }
         }
-        // SAFETY: the caller wrote all `len` bytes of the spare capacity.
-        unsafe { self.vec.set_len(self.len) };
-        Some(self.vec)
     }
 }
 
@@ -263,11 +260,11 @@ pub(crate) fn scatter_f32(
     layout: Layout,
     lut: &[[[u8; 4]; 256]],
     affine: &Affine,
-) -> Vec<u8> {
+) -> Bytes {
     let mut sink = Sink::new(None, px.len() * 4);
     scatter_f32_into(px, c, layout, lut, affine, sink.dst());
     // SAFETY: `scatter_f32_into` writes its output whole.
-    unsafe { sink.done() }.unwrap_or_default()
+    unsafe { sink.done() }
 }
 
 /// [`scatter_into`] with f32 outputs, on x86-64 with AVX2 computing 3-channel `[C, H, W]`
@@ -298,11 +295,11 @@ pub(crate) fn scatter<const N: usize>(
     c: usize,
     layout: Layout,
     lut: &[[[u8; N]; 256]],
-) -> Vec<u8> {
+) -> Bytes {
     let mut sink = Sink::new(None, px.len() * N);
     scatter_into(px, c, layout, lut, sink.dst());
     // SAFETY: `scatter_into` writes its output whole.
-    unsafe { sink.done() }.unwrap_or_default()
+    unsafe { sink.done() }
 }
 
 /// Maps every u8 sample through its channel's table of `N`-byte outputs, writing planes

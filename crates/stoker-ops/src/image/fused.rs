@@ -36,9 +36,8 @@
 //! pixels; `docs/ops.md` gives the measured difference. Non-JPEG input, lossless JPEG,
 //! and images whose EXIF orientation is applied and not 1 take the unfused path.
 
-use bytes::Bytes;
 use stoker_core::rng::Rng;
-use stoker_core::{Error, Lease, Tensor};
+use stoker_core::{DType, Error, Lease, Tensor};
 
 use super::convert::ToTensor;
 use super::decode::{decode_image, DecodeImage};
@@ -310,17 +309,11 @@ impl DecodeRandomResizedCrop {
             (self.crop.interpolation, self.crop.antialias),
             flip,
             output,
-            lease.as_mut().map(Lease::out),
+            lease,
         );
-        match (&self.to_tensor, out) {
-            (Some(t), Some(out)) => Tensor::new(t.dtype, t.shape(c, h, w), Bytes::from(out)),
-            (Some(t), None) => {
-                let lease = lease.expect("written into the lease");
-                // SAFETY: `resample_to_tensor` wrote the lease's memory whole (it returns
-                // `None` only when it wrote the target).
-                Tensor::new(t.dtype, t.shape(c, h, w), unsafe { lease.into_bytes() })
-            }
-            (None, out) => super::hwc_tensor(h, w, c, out.unwrap_or_default()),
+        match &self.to_tensor {
+            Some(t) => Tensor::new(t.dtype, t.shape(c, h, w), out),
+            None => Tensor::new(DType::U8, vec![h, w, c], out),
         }
     }
 }

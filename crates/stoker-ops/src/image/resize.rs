@@ -13,7 +13,8 @@
 
 use std::mem::MaybeUninit;
 
-use stoker_core::{Error, Tensor};
+use bytes::Bytes;
+use stoker_core::{Error, Lease, Tensor};
 
 use super::convert::{scatter_f32_into, scatter_into, Layout, Sink, Tables};
 use super::geometry::Flip;
@@ -856,8 +857,7 @@ pub(crate) enum Output<'a> {
 /// separate conversion pass. Not for `Nearest` (the caller runs the separate kernels).
 ///
 /// A table output goes into `target` when it is given with the output's length (a batch
-/// slot): the result is then `None`. Otherwise, and always for [`Output::U8`], the result
-/// is a new buffer.
+/// slot); otherwise, and always for [`Output::U8`], into a new buffer.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn resample_to_tensor(
     src: ImageRef<'_>,
@@ -868,8 +868,8 @@ pub(crate) fn resample_to_tensor(
     (f, antialias): (Interpolation, bool),
     flip: Option<Flip>,
     output: Output<'_>,
-    target: Option<&mut [MaybeUninit<u8>]>,
-) -> Option<Vec<u8>> {
+    target: Option<Lease>,
+) -> Bytes {
     debug_assert!(f != Interpolation::Nearest);
     let need_h = out_w != size.0 || b[0] != 0.0 || b[2] != size.0 as f64;
     let need_v = out_h != size.1 || b[1] != 0.0 || b[3] != size.1 as f64;
@@ -897,7 +897,7 @@ pub(crate) fn resample_to_tensor(
             Output::U8 => {
                 let mut px = Vec::new();
                 rows_then_columns(src, &wv, &wh, (out_w, out_h), &mut px);
-                Some(px)
+                Bytes::from(px)
             }
             // The u8 image is only read by the conversion: a reused buffer.
             Output::Tables(tables, layout) => {
@@ -935,7 +935,7 @@ pub(crate) fn resample_to_tensor(
         Output::U8 => {
             let mut out = Vec::new();
             vertical(mid_ref, &wv, out_h, &mut out);
-            return Some(out);
+            return Bytes::from(out);
         }
         Output::Tables(tables, layout) => (tables, layout),
     };
