@@ -26,6 +26,7 @@ See ``docs/python.md``.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -33,7 +34,7 @@ from typing import Any
 
 from . import _native, _pymap, _threads, io
 from ._native import Buffer, DataError, Run
-from ._options import is_store_key, store_pairs, to_json
+from ._options import FORMAT_KEYS, is_store_key, store_pairs, to_json, unknown_option
 
 __all__ = [
     "Buffer",
@@ -43,13 +44,30 @@ __all__ = [
     "from_samples",
     "from_spec",
     "from_url",
+    "from_urls",
     "io",
 ]
 
 __version__: str = _native.__version__
 
-#: The record formats ``from_url`` reads.
+#: The record formats ``from_url`` reads (and ``"auto"``, its default, which chooses
+#: among them by the objects' extensions).
 FORMATS = ("files", "imagefolder", "tar", "webdataset", "tfrecord", "parquet", "jsonl", "csv")
+
+def _count(what: str, n: Any, least: int = 0, bits: int = 64) -> int:
+    """``n`` as an int of at least ``least`` and below ``2**bits`` (what the engine's
+    unsigned argument holds): a ``ValueError`` naming ``what`` when it is out of range
+    (not the ``OverflowError`` of the conversion), a ``TypeError`` when it is not an
+    integer."""
+    try:
+        i = operator.index(n)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, not {type(n).__name__}") from None
+    if i < least:
+        raise ValueError(f"{what} must be at least {least}, not {i}")
+    if i >> bits:
+        raise ValueError(f"{what} must be below 2**{bits}, not {i}")
+    return i
 
 
 class Pipeline:
@@ -193,6 +211,7 @@ class Pipeline:
 
     def interleave(self, n: int) -> Pipeline:
         """Reads ``n`` shards at once, one sample from each in turn."""
+        n = _count("interleave", n, 1)
         return self._then(self._p.interleave(n), "interleave", n)
 
     def shard(self, rank: int, world: int, policy: str = "drop", *, part: int = 0, parts: int = 1) -> Pipeline:
@@ -201,7 +220,9 @@ class Pipeline:
         only part ``part`` of that share (its samples ``part``, ``part + parts``, ...: what
         one of the rank's ``parts`` loader workers reads); the parts of a rank are its whole
         share, and part ``k`` has as many samples on every rank."""
-        if parts == 1:
+        rank, world = _count("rank", rank, bits=32), _count("world", world, bits=32)
+        part, parts = _count("part", part, bits=32), _count("parts", parts, bits=32)
+        if (part, parts) == (0, 1):
             return self._then(self._p.shard(rank, world, policy), "shard", rank, world, policy)
         return self._then(self._p.shard(rank, world, policy, part, parts), "shard", rank, world, policy,
                           part=part, parts=parts)
@@ -226,6 +247,7 @@ class Pipeline:
 
     def shuffle(self, buffer: int) -> Pipeline:
         """A seeded shuffle buffer of ``buffer`` samples (a new order every epoch)."""
+        buffer = _count("shuffle buffer", buffer, 1)
         return self._then(self._p.shuffle(buffer), "shuffle", buffer)
 
     def batch(
@@ -240,6 +262,7 @@ class Pipeline:
         lists), ``"stack"`` (like auto, but ragged tensors are an error), ``"list"`` or
         ``"pad"`` (ragged tensors padded with ``pad_value``); or a dict of per-field policies
         (others ``"auto"``, or the dict's ``"*"`` entry)."""
+        size = _count("batch size", size, 1)
         if isinstance(collate, str):
             default, fields = collate, []
         else:
@@ -325,10 +348,12 @@ class Pipeline:
 
     def take(self, n: int) -> Pipeline:
         """At most ``n`` items per epoch."""
+        n = _count("take", n)
         return self._then(self._p.take(n), "take", n)
 
     def skip(self, n: int) -> Pipeline:
         """Skips the first ``n`` items of each epoch."""
+        n = _count("skip", n)
         return self._then(self._p.skip(n), "skip", n)
 
     def cache(
@@ -345,16 +370,20 @@ class Pipeline:
 
     def prefetch(self, n: int) -> Pipeline:
         """Keeps ``n`` finished items ready ahead of the consumer."""
+        n = _count("prefetch", n)
         return self._then(self._p.prefetch(n), "prefetch", n)
 
     # Run settings ---------------------------------------------------------------------
 
     def epochs(self, n: int | None) -> Pipeline:
         """Number of epochs; ``None`` repeats forever."""
+        if n is not None:
+            n = _count("epochs", n, 1)
         return self._then(self._p.epochs(n), "epochs", n)
 
     def seed(self, seed: int) -> Pipeline:
         """The seed of every random choice (shard order, shuffle buffer, random ops)."""
+        seed = _count("seed", seed)
         return self._then(self._p.seed(seed), "seed", seed)
 
     def first_epoch(self, k: int) -> Pipeline:
@@ -363,9 +392,8 @@ class Pipeline:
         ``epochs(n)`` a run reads epochs ``k`` to ``k + n - 1``. One run per epoch with
         ``first_epoch(e)`` therefore reads what one run of several epochs reads
         (``stoker.torch.Dataset`` does this). Resume a state with the same ``k``."""
-        if int(k) < 0:
-            raise ValueError(f"first_epoch must be at least 0, not {k}")
-        return self._then(self._p.first_epoch(int(k)), "first_epoch", int(k))
+        k = _count("first_epoch", k)
+        return self._then(self._p.first_epoch(k), "first_epoch", k)
 
     def options(
         self,
@@ -389,6 +417,10 @@ class Pipeline:
         connections carry over to the next run, such as the next epoch; default false,
         and true in :class:`stoker.torch.Dataset`; ``stoker.io.clear_cache()`` lets the
         shared stores go)."""
+        if threads is not None:
+            threads = _count("threads", threads, 1)
+        if window is not None:
+            window = _count("window", window, 1)
         given = {
             "threads": threads,
             "memory_limit": memory_limit,
@@ -458,7 +490,9 @@ class Pipeline:
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> Pipeline:
         """A pipeline whose runs (``run()``, iteration) start at ``state``; ``None`` goes
-        back to the beginning. The pipeline it is called on is unchanged."""
+        back to the beginning. The pipeline it is called on is unchanged, unlike a torch
+        module's ``load_state_dict``: keep the result (``p = p.load_state_dict(s)``).
+        ``stoker.torch``'s loader and dataset load in place, as torch's do."""
         return self._then(self._p.with_state(None if state is None else to_json(state)), "load_state_dict", None if state is None else dict(state))
 
     @property
@@ -479,6 +513,7 @@ def from_url(
     format: str = "auto",
     *,
     glob: str | None = None,
+    keys: Iterable[str] | None = None,
     endpoint: str | None = None,
     region: str | None = None,
     access_key: str | None = None,
@@ -494,12 +529,17 @@ def from_url(
     objects of a record format mixed with others (name the format and a ``glob``).
     ``imagefolder`` (labels from class directories) is never guessed.
 
+    ``keys``: exactly these objects (keys relative to ``url``'s prefix), in this order,
+    instead of a listing (a manifest; :func:`from_urls` takes whole URLs). A run looks them
+    up first, many at once, and fails at its start naming any that is missing.
+
     Keyword options are store options (``endpoint``, ``region``, ``access_key``,
     ``secret_key``, ``allow_http``, and every key of the CLI's ``-o KEY=VALUE``:
-    ``part_size``, ``cache_dir``, ``aws_*``...) or the format's options (``columns`` for
-    Parquet, ``parse_examples`` for TFRecord, ``delimiter``, ``has_header``,
-    ``infer_types`` for CSV). Credentials and endpoints also come from the usual ``AWS_*``
-    environment variables.
+    ``part_size``, ``cache_dir``, ``aws_*``..., and the CLI's flags ``no_sign_request``
+    and ``cache_size``) or the format's options (``columns`` for Parquet,
+    ``parse_examples`` for TFRecord, ``delimiter``, ``has_header``, ``infer_types`` for
+    CSV); any other keyword is a ``ValueError`` that lists both. Credentials and endpoints
+    also come from the usual ``AWS_*`` environment variables.
     """
     url = os.fspath(url)
     store: dict[str, Any] = {
@@ -513,13 +553,49 @@ def from_url(
     for key, value in options.items():
         if is_store_key(key):
             store[key] = value
-        else:
+        elif key in FORMAT_KEYS:
             format_options[key] = value
+        else:
+            raise unknown_option(key, "from_url")
     spec: dict[str, Any] = {"source": url, "format": format, "format_options": format_options}
     if glob is not None:
         spec["glob"] = glob
+    if keys is not None:
+        if isinstance(keys, (str, bytes)):
+            raise TypeError("keys is a list of keys, not one string")
+        spec["keys"] = [os.fspath(k) for k in keys]
     native = _native.Pipeline.from_spec(to_json(spec), store_pairs(store))
     return Pipeline(native, (("from_spec", (spec,), store),))
+
+
+def _store_root(url: str) -> str:
+    """The part of ``url`` that names its store: ``s3://bucket/`` (``file://`` and plain
+    paths: the local file system, ``""``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme == "file":
+        return ""
+    return f"{scheme}://{rest.split('/', 1)[0]}/"
+
+
+def from_urls(urls: Iterable[str | os.PathLike[str]], format: str = "auto", **options: Any) -> Pipeline:
+    """Exactly these objects, in this order (a manifest; repeats read an object again), as
+    one source: :func:`from_url` on their common directory with ``keys``. They must be in
+    one store (one bucket); the keywords are :func:`from_url`'s. The order is the epoch's
+    order unless ``shuffle_shards``; with a one-sample-per-object format (``files``,
+    ``imagefolder``) every object is a sample."""
+    given = [os.fspath(u) for u in urls]
+    if not given:
+        raise ValueError("from_urls: no URLs")
+    # Local paths as absolute ones, so that they share a directory.
+    given = [u if "://" in u else os.path.abspath(u) for u in given]
+    roots = sorted({_store_root(u) for u in given})
+    if len(roots) > 1:
+        raise ValueError(f"from_urls: the URLs must be in one store, not in {', '.join(roots)}")
+    common = os.path.commonprefix(given)
+    base = common[: common.rfind("/") + 1]
+    if len(base) < len(roots[0]):
+        base = roots[0]
+    return from_url(base, format, keys=[u[len(base):] for u in given], **options)
 
 
 def from_spec(spec: Mapping[str, Any] | str | os.PathLike[str], **store_options: Any) -> Pipeline:
@@ -528,7 +604,8 @@ def from_spec(spec: Mapping[str, Any] | str | os.PathLike[str], **store_options:
     ``[store]`` table, which wins."""
     if isinstance(spec, Mapping):
         data = dict(spec)
-    elif isinstance(spec, os.PathLike) or (isinstance(spec, str) and os.path.isfile(spec)):
+    elif isinstance(spec, os.PathLike) or (isinstance(spec, str) and _names_a_file(spec)):
+        # A missing file is a FileNotFoundError here, not TOML's complaint about its name.
         with open(os.fspath(spec), "rb") as f:
             data = tomllib.load(f)
     elif isinstance(spec, str):
@@ -537,6 +614,14 @@ def from_spec(spec: Mapping[str, Any] | str | os.PathLike[str], **store_options:
         raise TypeError("a spec is a dict, TOML text or the path of a TOML file")
     native = _native.Pipeline.from_spec(to_json(data), store_pairs(store_options))
     return Pipeline(native, (("from_spec", (data,), dict(store_options)),))
+
+
+def _names_a_file(text: str) -> bool:
+    """Whether ``from_spec``'s string is a path rather than TOML text: an existing file, or
+    one line ending in ``.toml`` or without the ``=`` every TOML spec has."""
+    if os.path.isfile(text):
+        return True
+    return "\n" not in text and (text.endswith(".toml") or "=" not in text)
 
 
 def from_samples(samples: Iterable[Mapping[str, Any]]) -> Pipeline:

@@ -1,10 +1,13 @@
 """Type stubs of the native module (crates/stoker-py). Keep in step with its #[pymethods]."""
 
+import sys
 from collections.abc import Sequence
 from typing import Any, final
 
 __version__: str
 STORE_OPTION_KEYS: list[str]
+# Each format option, with the format that reads it.
+FORMAT_OPTION_KEYS: dict[str, str]
 
 class DataError(ValueError):
     """A bad record or an operator that failed on a sample."""
@@ -30,7 +33,9 @@ class Buffer:
     @property
     def exports(self) -> int: ...
     def __len__(self) -> int: ...
-    def __buffer__(self, flags: int, /) -> memoryview: ...
+    if sys.version_info >= (3, 12):
+        # PEP 688's method; on 3.11 the buffer protocol is there all the same, from C.
+        def __buffer__(self, flags: int, /) -> memoryview: ...
     def __dlpack__(
         self,
         *,
@@ -47,7 +52,10 @@ def close_python_calls(timeout_s: float) -> None: ...
 def batch_buffers() -> tuple[int, int]: ...
 # stoker.io's shared stores let go (stoker.io.clear_cache).
 def clear_stores() -> int: ...
+# stoker.io.ls: JSON text of the entries under a URL.
+def list_objects(url: str, store: Sequence[tuple[str, str]], recursive: bool, glob: str | None = None) -> str: ...
 
+@final
 class Pipeline:
     @staticmethod
     def from_spec(spec_json: str, store: Sequence[tuple[str, str]]) -> Pipeline: ...

@@ -9,24 +9,44 @@ from typing import Any
 
 from . import _native
 
-#: Short names accepted for the store's keys.
+#: Other names accepted for the store's keys: short ones, boto3's, and the CLI's flags
+#: (``--no-sign-request``, ``--cache-size``).
 STORE_ALIASES = {
     "access_key": "access_key_id",
     "secret_key": "secret_access_key",
     "token": "session_token",
     "endpoint_url": "endpoint",
+    "no_sign_request": "skip_signature",
+    "cache_size": "cache_disk_bytes",
 }
 
 STORE_KEYS = frozenset(_native.STORE_OPTION_KEYS)
+
+#: The format options, each with the format that reads it.
+FORMAT_KEYS: dict[str, str] = dict(_native.FORMAT_OPTION_KEYS)
+
+
+def store_key(key: str) -> str:
+    """``key`` as the store names it: case and ``-`` against ``_`` do not matter (as on
+    the CLI's ``-o KEY=VALUE``), aliases become the key they stand for."""
+    k = key.lower().replace("-", "_")
+    return STORE_ALIASES.get(k, k)
 
 
 def is_store_key(key: str) -> bool:
     """Whether ``key`` is a store option (a key of ``StoreOptions``, an alias, or an
     ``aws_*``/``google_*``/``azure_*`` key passed to object_store)."""
-    return (
-        key in STORE_KEYS
-        or key in STORE_ALIASES
-        or key.startswith(("aws_", "google_", "azure_"))
+    k = store_key(key)
+    return k in STORE_KEYS or k.startswith(("aws_", "google_", "azure_"))
+
+
+def unknown_option(key: str, where: str) -> ValueError:
+    """The error for a keyword that is neither a store nor a format option."""
+    stores = ", ".join(sorted(STORE_KEYS | STORE_ALIASES.keys()))
+    formats = ", ".join(f"{k} ({f})" for k, f in FORMAT_KEYS.items())
+    return ValueError(
+        f"{where}: unknown option {key!r}: not a store option ({stores}, or any aws_*, "
+        f"google_* or azure_* key) nor a format option ({formats})"
     )
 
 
@@ -47,7 +67,7 @@ def store_pairs(options: Mapping[str, Any]) -> list[tuple[str, str]]:
             raise TypeError(
                 f"store option {key}={value!r}: expected str, int, float, bool or a path"
             )
-        pairs.append((STORE_ALIASES.get(key, key), text))
+        pairs.append((store_key(key), text))
     return pairs
 
 

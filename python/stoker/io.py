@@ -18,13 +18,14 @@ it: ``numpy.load``, ``pyarrow.parquet.read_table``, ``PIL.Image.open``, ``tarfil
 from __future__ import annotations
 
 import io as _io
+import json
 import os
 from typing import Any
 
 from . import _native, _threads
 from ._options import store_pairs
 
-__all__ = ["ObjectFileIO", "clear_cache", "open"]
+__all__ = ["ObjectFileIO", "clear_cache", "ls", "open"]
 
 #: Bytes the BufferedReader asks for at once (the store reads ahead further on its own).
 DEFAULT_BUFFER_SIZE = 256 * 1024
@@ -92,6 +93,26 @@ class ObjectFileIO(_io.RawIOBase):
 
     def __repr__(self) -> str:
         return f"<stoker.io.ObjectFileIO name={self.name!r} size={self.size}>"
+
+
+def ls(
+    url: str | os.PathLike[str],
+    *,
+    recursive: bool = False,
+    glob: str | None = None,
+    **store_options: Any,
+) -> list[dict[str, Any]]:
+    """What is under ``url``, as ``stoker ls --json`` lists it: one level (each
+    sub-prefix as ``{"prefix": ..., "url": ...}``, then the objects) or, with
+    ``recursive`` or a ``glob`` (``"**/*.jpg"``, relative to ``url``), every object below.
+    An object is ``{"key", "url", "size", "etag", "version", "last_modified_ms"}`` (key
+    relative to the bucket). A URL that names one object lists it; an empty prefix gives
+    ``[]``. Store options as for :func:`open`; the listing goes through the same shared
+    store (its metadata cache included)."""
+    _threads.check_fork()
+    _threads.note_started()
+    text = _native.list_objects(os.fspath(url), store_pairs(store_options), recursive, glob)
+    return json.loads(text)
 
 
 def clear_cache() -> None:

@@ -86,3 +86,92 @@ def test_refused_credentials_are_a_permission_error(s3, prefix):
         list(stoker.from_url(f"s3://data/{prefix}a.txt", **options))
     with pytest.raises(PermissionError):
         stoker.io.open(f"s3://data/{prefix}a.txt", **options)
+
+
+def test_a_missing_shard_index_is_file_not_found(s3, prefix):
+    # The store's error travels under the engine's ("cannot read the shard index: ..."):
+    # its class comes from the store's error the engine kept, not from the wording.
+    s3.put(f"{prefix}tar/shard-0.tar", tar_shard([{"__key__": "a", "txt": b"x"}]))
+    tar = stoker.from_url(f"s3://data/{prefix}tar/", format="tar", **s3.options)
+    missing = f"s3://data/{prefix}idx/none.json"
+    with pytest.raises(FileNotFoundError, match="shard index") as e:
+        list(tar.shard_index(missing).shard(0, 2))
+    assert e.value.kind == "storage" and e.value.object == missing
+
+
+def test_a_missing_spec_file_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        stoker.from_spec(str(tmp_path / "missing.toml"))
+    with pytest.raises(FileNotFoundError):
+        stoker.from_spec(tmp_path / "missing.toml")
+    with pytest.raises(FileNotFoundError):
+        stoker.from_spec("specs/imagenet")  # a path without an extension
+    # One line of TOML is still TOML.
+    p = stoker.from_spec(f'source = "{tmp_path}"')
+    assert isinstance(p, stoker.Pipeline)
+
+
+def test_a_cache_directory_that_cannot_be_one_is_an_os_error(tmp_path):
+    file = tmp_path / "a-file"
+    file.write_bytes(b"not a directory")
+    p = stoker.from_url(tmp_path, format="files").cache(file / "cache")
+    with pytest.raises(OSError, match="cache directory") as e:
+        list(p)
+    assert not isinstance(e.value, ValueError) and e.value.kind == "storage"
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda p: p.take(-1),
+        lambda p: p.skip(-5),
+        lambda p: p.seed(-1),
+        lambda p: p.seed(2**64),
+        lambda p: p.prefetch(-1),
+        lambda p: p.shuffle(0),
+        lambda p: p.batch(-2),
+        lambda p: p.interleave(0),
+        lambda p: p.epochs(0),
+        lambda p: p.epochs(-1),
+        lambda p: p.first_epoch(-1),
+        lambda p: p.shard(-1, 2),
+        lambda p: p.shard(0, 2**40),
+        lambda p: p.shard(0, 1, part=1),  # part without parts is refused, not ignored
+        lambda p: p.shard(0, 1, part=2, parts=2),
+        lambda p: p.options(threads=-1),
+        lambda p: p.options(threads=0),
+        lambda p: p.options(window=0),
+        lambda p: p.options(memory_limit=-1),
+        lambda p: p.options(memory_limit=2.5),
+        lambda p: p.options(memory_limit=float("inf")),
+        lambda p: p.cache("/tmp/stoker-never", size=-1),
+    ],
+)
+def test_counts_out_of_range_are_value_errors(build):
+    # Not OverflowError (what converting -1 to an unsigned int raises), which is no
+    # ValueError.
+    p = stoker.from_samples([{"x": 1}])
+    with pytest.raises(ValueError):
+        build(p)
+
+
+def test_counts_of_other_types_are_type_errors():
+    p = stoker.from_samples([{"x": 1}])
+    with pytest.raises(TypeError, match="take"):
+        p.take(1.5)
+    with pytest.raises(TypeError, match="memory_limit"):
+        p.options(memory_limit=[1])
+    # NumPy integers and whole floats of bytes are fine.
+    import numpy as np
+
+    assert [s["x"] for s in p.take(np.int64(1)).seed(np.uint32(3))] == [1]
+    assert p.options(memory_limit=2e9).run_options["memory_limit"] == 2_000_000_000
+
+
+def test_unknown_keywords_of_from_url_name_both_kinds_of_option(s3):
+    with pytest.raises(ValueError, match=r"unknown option 'part_sise'.*part_size.*columns \(parquet\)"):
+        stoker.from_url("s3://data/x/", part_sise="8MiB", **s3.options)
+    # The CLI's flags are store options here too, and keys are matched as the CLI does.
+    stoker.from_url("s3://data/x/", no_sign_request=True, cache_size="1GiB", **s3.options)
+    with pytest.raises(ValueError, match="part_size"):
+        stoker.from_url("s3://data/x/", **{"Part-Size": "lots"}, **s3.options)

@@ -269,3 +269,38 @@ def test_index_counts_every_shard_and_feeds_the_contiguous_split(s3, prefix, tmp
     assert tar.index()["shards"][-1] == {"url": f"s3://data/{prefix}shards/shard-9.tar", "records": 1}
     with pytest.raises(stoker.DataError, match="shard-9.tar"):
         list(tar)
+
+
+def test_from_urls_reads_exactly_those_objects_in_their_order(s3, prefix, local_dir):
+    for i in range(5):
+        s3.put(f"{prefix}m/{i}.txt", f"t{i}".encode())
+    s3.put(f"{prefix}m/sub/x.txt", b"sub")
+    base = f"s3://data/{prefix}m/"
+    urls = [base + "3.txt", base + "sub/x.txt", base + "0.txt", base + "3.txt"]
+    p = stoker.from_urls(urls, format="files", **s3.options)
+    got = [(s["__url__"], bytes(s["txt"])) for s in p]
+    assert got == [(u, d) for u, d in zip(urls, [b"t3", b"sub", b"t0", b"t3"])]
+    # The same through from_url's keys, and the pipeline pickles with them.
+    import pickle
+
+    q = pickle.loads(pickle.dumps(stoker.from_url(base, "files", keys=["4.txt", "1.txt"], **s3.options)))
+    assert [bytes(s["txt"]) for s in q] == [b"t4", b"t1"]
+    # A missing object fails the run at its start, naming it.
+    with pytest.raises(FileNotFoundError, match="nope.txt") as e:
+        next(iter(stoker.from_urls([base + "1.txt", base + "nope.txt"], format="files", **s3.options)))
+    assert e.value.object == base + "nope.txt"
+    with pytest.raises(ValueError, match="one store"):
+        stoker.from_urls([base + "1.txt", "s3://other/1.txt"], **s3.options)
+    with pytest.raises(ValueError, match="not both"):
+        list(stoker.from_url(base, "files", keys=["1.txt"], glob="*.txt", **s3.options))
+    with pytest.raises(TypeError, match="list of keys"):
+        stoker.from_url(base, "files", keys="1.txt")
+    # Local paths, an ImageFolder with its labels from the class directories under the
+    # common directory.
+    for cls in ("cat", "dog"):
+        (local_dir / cls).mkdir()
+        for i in range(2):
+            (local_dir / cls / f"{i}.jpg").write_bytes(f"{cls}{i}".encode())
+    paths = [local_dir / "dog" / "1.jpg", local_dir / "cat" / "0.jpg"]
+    got = [(bytes(s["jpg"]), int(s["label"])) for s in stoker.from_urls(paths, format="imagefolder")]
+    assert got == [(b"dog1", 1), (b"cat0", 0)]

@@ -140,3 +140,30 @@ def test_torch_load_reads_a_checkpoint_through_it(s3, prefix):
     url = s3.put(f"{prefix}legacy.pt", buf.getvalue())
     with stoker.io.open(url, **s3.options) as f:
         assert torch.equal(torch.load(f, weights_only=True), state["weight"])
+
+
+def test_ls_lists_a_level_everything_below_or_one_object(s3, prefix, tmp_path):
+    s3.put(f"{prefix}ls/a.jpg", b"aa")
+    s3.put(f"{prefix}ls/b.txt", b"bbb")
+    s3.put(f"{prefix}ls/sub/c.jpg", b"c")
+    base = f"s3://data/{prefix}ls/"
+    level = stoker.io.ls(base, **s3.options)
+    assert [e.get("prefix") for e in level if "prefix" in e] == [f"{prefix}ls/sub/"]
+    objects = [e for e in level if "key" in e]
+    assert [(e["key"], e["size"], e["url"]) for e in objects] == [
+        (f"{prefix}ls/a.jpg", 2, base + "a.jpg"),
+        (f"{prefix}ls/b.txt", 3, base + "b.txt"),
+    ]
+    assert all(e["etag"] and e["last_modified_ms"] > 0 for e in objects)
+    every = stoker.io.ls(base, recursive=True, **s3.options)
+    assert [e["key"] for e in every] == [f"{prefix}ls/{k}" for k in ("a.jpg", "b.txt", "sub/c.jpg")]
+    jpgs = stoker.io.ls(base, glob="**/*.jpg", **s3.options)
+    assert [e["url"] for e in jpgs] == [base + "a.jpg", base + "sub/c.jpg"]
+    assert [e["size"] for e in stoker.io.ls(base + "b.txt", **s3.options)] == [3]
+    assert stoker.io.ls(f"s3://data/{prefix}nothing/", **s3.options) == []
+    # Local directories the same way.
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.bin").write_bytes(b"xyz")
+    assert [e["size"] for e in stoker.io.ls(tmp_path / "d", recursive=True)] == [3]
+    with pytest.raises(FileNotFoundError):
+        stoker.io.ls("s3://no-such-bucket/x/", **s3.options)

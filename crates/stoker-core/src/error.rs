@@ -178,7 +178,9 @@ impl From<std::io::Error> for Error {
         } else {
             ErrorKind::Storage
         };
-        Error::new(kind, e.to_string())
+        // The `io::Error` stays as the cause: its kind, and the error it may wrap (a store's,
+        // from a reader over an object), tell a caller what failed.
+        Error::new(kind, e.to_string()).with_cause(e)
     }
 }
 

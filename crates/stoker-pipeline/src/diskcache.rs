@@ -134,11 +134,16 @@ fn alive(pid: u32) -> bool {
 impl DiskTier {
     /// Uses (and creates) `dir`; with `limit`, its files never exceed that many bytes.
     pub(crate) fn new(dir: &Path, limit: Option<u64>) -> Result<DiskTier, Error> {
+        // A storage error with the `io::Error` as its cause: a directory the process may not
+        // write is a refusal (`PermissionError` in Python), a full disk an `OSError`.
         let fail = |e: std::io::Error| {
-            Error::invalid(format!(
-                "cache: cannot use the cache directory {}: {e}",
-                dir.display()
-            ))
+            let mut err = Error::from(e);
+            err.message = format!(
+                "cache: cannot use the cache directory {}: {}",
+                dir.display(),
+                err.message
+            );
+            err
         };
         if let Some(l) = limit {
             if l <= USAGE_ROOM {

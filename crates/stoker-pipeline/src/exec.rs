@@ -937,8 +937,7 @@ impl Run {
         let (runtime, opened) = match &p.source {
             crate::plan::Source::Url { url, options, .. } if p.options.share_store => {
                 let options = crate::source::url_store_options(options, memory_limit, single_pass);
-                let opened = crate::shared::shared_store(url, &options)
-                    .map_err(|e| Error::storage(e.to_string()))?;
+                let opened = crate::shared::shared_store(url, &options).map_err(Error::from)?;
                 (
                     RunRuntime::Shared(crate::shared::shared_runtime()?),
                     Some(opened),

@@ -20,6 +20,10 @@ pub enum Source {
         options: Box<StoreOptions>,
         /// Only keys matching this glob (relative to the prefix).
         glob: Option<String>,
+        /// These objects (keys relative to the URL's prefix, in this order) instead of a
+        /// listing: a manifest. Each is looked up (HEAD) when a run starts, for its size
+        /// and version; a missing one fails the run, naming it.
+        keys: Option<Arc<Vec<String>>>,
     },
     /// These keys of an open store, in this order.
     Keys {
@@ -35,7 +39,15 @@ pub enum Source {
 impl std::fmt::Debug for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Source::Url { url, glob, .. } => write!(f, "Url({url}, glob={glob:?})"),
+            Source::Url {
+                url,
+                glob,
+                keys: None,
+                ..
+            } => write!(f, "Url({url}, glob={glob:?})"),
+            Source::Url {
+                url, keys: Some(k), ..
+            } => write!(f, "Url({url}, {} keys)", k.len()),
             Source::Keys { keys, .. } => write!(f, "Keys({} keys)", keys.len()),
             Source::Memory(s) => write!(f, "Memory({} samples)", s.len()),
         }
@@ -301,6 +313,7 @@ impl Pipeline {
                 url: url.to_string(),
                 options: Box::new(options),
                 glob: None,
+                keys: None,
             },
             format,
         )
@@ -315,6 +328,16 @@ impl Pipeline {
     pub fn glob(mut self, glob: impl Into<String>) -> Self {
         if let Source::Url { glob: g, .. } = &mut self.source {
             *g = Some(glob.into());
+        }
+        self
+    }
+
+    /// Reads these objects, keys relative to the URL's prefix, in this order, instead of
+    /// listing the prefix (for a URL source): a manifest. A run looks each up first (many
+    /// at once) for its size and version, and fails naming any that is missing.
+    pub fn keys(mut self, keys: Vec<String>) -> Self {
+        if let Source::Url { keys: k, .. } = &mut self.source {
+            *k = Some(Arc::new(keys));
         }
         self
     }

@@ -326,7 +326,7 @@ impl Dataset {
         single_pass: bool,
         opened: Option<(Store, String)>,
     ) -> Result<Dataset, Error> {
-        let storage = |e: stoker_store::Error| Error::storage(e.to_string());
+        let storage = Error::from;
         let mut baseline = None;
         let (store, infos, memory, prefix) = match source {
             Source::Memory(m) => {
@@ -335,7 +335,12 @@ impl Dataset {
                     .collect::<Vec<_>>();
                 (None, shards, Some(m.clone()), String::new())
             }
-            Source::Url { url, options, glob } => {
+            Source::Url {
+                url,
+                options,
+                glob,
+                keys,
+            } => {
                 let (store, key) = match opened {
                     Some(o) => o,
                     None => {
@@ -354,10 +359,20 @@ impl Dataset {
                 if let Some(g) = glob {
                     lo = lo.with_glob(g.clone());
                 }
-                let listed = runtime
-                    .block_on(store.list_all(&key, &lo))
-                    .map_err(storage)?;
-                let (listed, prefix) =
+                let (listed, prefix) = if let Some(keys) = keys {
+                    if glob.is_some() {
+                        return Err(Error::invalid("give the source keys or a glob, not both"));
+                    }
+                    let prefix = if key.is_empty() || key.ends_with('/') {
+                        key.clone()
+                    } else {
+                        format!("{key}/")
+                    };
+                    (head_keys(runtime, &store, &prefix, keys)?, prefix)
+                } else {
+                    let listed = runtime
+                        .block_on(store.list_all(&key, &lo))
+                        .map_err(storage)?;
                     if listed.is_empty() && !key.is_empty() && !key.ends_with('/') {
                         // The URL names one object.
                         let info = runtime.block_on(store.head(&key)).map_err(storage)?;
@@ -372,7 +387,8 @@ impl Dataset {
                             format!("{key}/")
                         };
                         (listed, prefix)
-                    };
+                    }
+                };
                 if listed.is_empty() {
                     return Err(Error::invalid(format!(
                         "no objects under {url}{}",
@@ -485,6 +501,35 @@ pub(crate) fn epoch_order(ds: &Dataset, cfg: &SourceConfig, epoch: u64) -> Vec<u
     }
 }
 
+/// How many lookups of a source's keys are in flight at once.
+const HEAD_CONCURRENCY: usize = 64;
+
+/// Looks up `keys` (relative to `prefix`), many at once, in their order: each object's size
+/// and version, as a listing gives them. A missing one fails, naming it.
+fn head_keys(
+    rt: &tokio::runtime::Handle,
+    store: &Store,
+    prefix: &str,
+    keys: &[String],
+) -> Result<Vec<stoker_store::ObjectInfo>, Error> {
+    if keys.is_empty() {
+        return Err(Error::invalid("the source's list of keys is empty"));
+    }
+    let heads = futures::stream::iter(keys)
+        .map(|k| {
+            let key = format!("{prefix}{k}");
+            async move {
+                store
+                    .head(&key)
+                    .await
+                    .map_err(|e| Error::from(e).with_object(store.object_url(&key)))
+            }
+        })
+        .buffered(HEAD_CONCURRENCY)
+        .collect::<Vec<_>>();
+    rt.block_on(heads).into_iter().collect()
+}
+
 /// A streamed object as a [`ByteSource`]: a task on the runtime reads it part by part.
 struct StoreStream {
     rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
@@ -497,7 +542,7 @@ impl StoreStream {
             match store.read_stream(&key, None).await {
                 Ok(mut s) => {
                     while let Some(part) = s.next().await {
-                        let part = part.map_err(|e| std::io::Error::other(e.to_string()));
+                        let part = part.map_err(std::io::Error::other);
                         let failed = part.is_err();
                         if tx.send(part).await.is_err() || failed {
                             return;
@@ -505,7 +550,7 @@ impl StoreStream {
                     }
                 }
                 Err(e) => {
-                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+                    let _ = tx.send(Err(std::io::Error::other(e))).await;
                 }
             }
         });
@@ -534,7 +579,7 @@ impl RandomAccess for StoreRange {
     fn read_range(&self, start: u64, end: u64) -> std::io::Result<Bytes> {
         self.rt
             .block_on(self.store.get_range(&self.key, start..end))
-            .map_err(|e| std::io::Error::other(e.to_string()))
+            .map_err(std::io::Error::other)
     }
 }
 
@@ -557,7 +602,7 @@ pub(crate) fn open_input(ds: &Dataset, id: u32) -> Result<Input, Error> {
                 None => {
                     ds.runtime
                         .block_on(store.head(&shard.key))
-                        .map_err(|e| Error::storage(e.to_string()).with_object(shard.url.clone()))?
+                        .map_err(|e| Error::from(e).with_object(shard.url.clone()))?
                         .size
                 }
             };
@@ -747,9 +792,7 @@ fn run_per_object(
         }
         let Some(r) = rx.blocking_recv() else { break };
         let r = r
-            .map_err(|e| {
-                Error::storage(e.to_string()).with_object(ds.shards[id as usize].url.clone())
-            })
+            .map_err(|e| Error::from(e).with_object(ds.shards[id as usize].url.clone()))
             .and_then(|o| sample_of_object(ds, id, o.bytes));
         if let (Ok(s), Some(c)) = (&r, ds.cache.as_ref().filter(|c| c.wants(id))) {
             c.insert(id, vec![s.clone()]);
@@ -1311,10 +1354,7 @@ pub(crate) fn materialize(ds: &Arc<Dataset>, positions: &[Pos]) -> Result<Vec<Sa
         if ds.per_object {
             let store = ds.store.as_ref().expect("a store");
             let key = &ds.shards[shard as usize].key;
-            let bytes = ds
-                .runtime
-                .block_on(store.get(key))
-                .map_err(|e| Error::storage(e.to_string()))?;
+            let bytes = ds.runtime.block_on(store.get(key)).map_err(Error::from)?;
             found.insert(
                 Pos { shard, record: 0 },
                 sample_of_object(ds, shard, bytes)?,

@@ -4,6 +4,7 @@
 //! ```toml
 //! source = "s3://bucket/train/"     # every object under the prefix (or one object)
 //! glob = "*.tar"                     # optional
+//! # keys = ["a.tar", "b/c.tar"]       # or: these objects under the prefix, in this order
 //! format = "tar"                     # auto (default: by extension) | files | imagefolder | tar
 //!                                    # | tfrecord | parquet | jsonl | csv
 //! seed = 1
@@ -69,6 +70,9 @@ pub struct PipelineSpec {
     /// Only keys matching this glob.
     #[serde(default)]
     pub glob: Option<String>,
+    /// These objects (keys relative to `source`'s prefix) instead of a listing.
+    #[serde(default)]
+    pub keys: Option<Vec<String>>,
     /// The record format (default `auto`: from the objects' extensions).
     #[serde(default = "auto")]
     pub format: String,
@@ -114,6 +118,15 @@ fn one_usize() -> usize {
     1
 }
 
+/// The keys of [`FormatOptions`], each with the format that reads it.
+pub const FORMAT_OPTION_KEYS: &[(&str, &str)] = &[
+    ("parse_examples", "tfrecord"),
+    ("columns", "parquet"),
+    ("delimiter", "csv"),
+    ("has_header", "csv"),
+    ("infer_types", "csv"),
+];
+
 /// Format options; each format reads the ones it knows.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -140,13 +153,13 @@ impl FormatOptions {
     /// be ignored without a word).
     fn check(&self, format: &str) -> Result<(), Error> {
         let given = [
-            ("parse_examples", self.parse_examples.is_some(), "tfrecord"),
-            ("columns", self.columns.is_some(), "parquet"),
-            ("delimiter", self.delimiter.is_some(), "csv"),
-            ("has_header", self.has_header.is_some(), "csv"),
-            ("infer_types", self.infer_types.is_some(), "csv"),
+            self.parse_examples.is_some(),
+            self.columns.is_some(),
+            self.delimiter.is_some(),
+            self.has_header.is_some(),
+            self.infer_types.is_some(),
         ];
-        for (name, set, owner) in given {
+        for (&(name, owner), set) in FORMAT_OPTION_KEYS.iter().zip(given) {
             if set && format != owner {
                 return Err(Error::invalid(format!(
                     "format option {name} is for the {owner} format, not {format}"
@@ -566,6 +579,9 @@ impl PipelineSpec {
         if let Some(g) = &self.glob {
             p = p.glob(g.clone());
         }
+        if let Some(k) = &self.keys {
+            p = p.keys(k.clone());
+        }
         if let Some(r) = &self.rank {
             p = p
                 .split_mode(r.split)
@@ -591,6 +607,17 @@ impl PipelineSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn format_option_keys_are_the_fields() {
+        // serde names the fields it expects when it meets an unknown one: exactly the list.
+        let e = serde_json::from_value::<FormatOptions>(serde_json::json!({"nope": 1}))
+            .unwrap_err()
+            .to_string();
+        let expected: Vec<&str> = e.split('`').skip(3).step_by(2).collect();
+        let keys: Vec<&str> = FORMAT_OPTION_KEYS.iter().map(|(k, _)| *k).collect();
+        assert_eq!(expected, keys, "{e}");
+    }
 
     fn detected(keys: &[&str], fo: FormatOptions) -> Result<String, String> {
         match detect_format(keys.iter().copied(), &fo, "s3://b/d/") {

@@ -257,7 +257,10 @@ fn resolve(dir: &str, name: &str) -> String {
 
 fn counts_from_index(ds: &Dataset, url: &str, options: &StoreOptions) -> Result<Vec<u64>, Error> {
     let storage = |e: stoker_store::Error| {
-        Error::storage(format!("cannot read the shard index: {e}")).with_object(url.to_string())
+        let message = format!("cannot read the shard index: {e}");
+        Error::storage(message)
+            .with_object(url.to_string())
+            .with_cause(e)
     };
     let store = Store::open(url, options.clone().with_cache_memory(0)).map_err(storage)?;
     let json = ds

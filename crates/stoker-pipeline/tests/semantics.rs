@@ -480,6 +480,57 @@ fn a_disk_cache_never_serves_a_changed_object() {
 }
 
 #[test]
+fn a_list_of_keys_is_read_in_its_order_and_its_objects_versions_are_known() {
+    let s = stoker_testserver::TestServer::start_blocking(
+        stoker_testserver::ServerOptions::new().bucket("keys"),
+    )
+    .unwrap();
+    s.put_object("keys", "t/a.txt", b"a0\na1\n").unwrap();
+    s.put_object("keys", "t/sub/b.txt", b"b0\n").unwrap();
+    s.put_object("keys", "t/c.txt", b"c0\n").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let source = |keys: &[&str]| {
+        stoker_pipeline::Pipeline::from_url(
+            "s3://keys/t",
+            stoker_store::StoreOptions::default()
+                .with_endpoint(s.endpoint())
+                .with_credentials(s.access_key(), s.secret_key())
+                .with_region(s.region()),
+            stoker_pipeline::FormatChoice::Fixed(std::sync::Arc::new(Lines)),
+        )
+        .keys(keys.iter().map(|k| k.to_string()).collect())
+    };
+    let p = source(&["sub/b.txt", "a.txt"]).cache_on_disk(dir.path());
+    let texts = |p: &stoker_pipeline::Pipeline| -> (Vec<String>, u64) {
+        let mut run = p.run().unwrap();
+        let t = run
+            .by_ref()
+            .map(|i| {
+                let s = i.unwrap().into_sample().unwrap();
+                String::from_utf8(s.get("txt").unwrap().as_bytes().unwrap().to_vec()).unwrap()
+            })
+            .collect();
+        (t, run.stats().storage.unwrap().get_requests)
+    };
+    // Not c.txt, which a listing would have read; in the list's order.
+    assert_eq!(texts(&p), (vec!["b0".into(), "a0".into(), "a1".into()], 2));
+    assert_eq!(texts(&p).1, 0);
+    // The lookups give the versions a listing gives: a changed object is read anew.
+    s.put_object("keys", "t/a.txt", b"A0\nA1\n").unwrap();
+    assert_eq!(texts(&p), (vec!["b0".into(), "A0".into(), "A1".into()], 1));
+    // A missing key fails the run at its start, naming the object.
+    let Err(e) = source(&["a.txt", "nope.txt"]).run() else {
+        panic!("a run over a missing key started");
+    };
+    assert_eq!(e.kind, stoker_core::ErrorKind::Storage);
+    assert_eq!(e.object.as_deref(), Some("s3://keys/t/nope.txt"), "{e}");
+    let Err(e) = source(&[]).run() else {
+        panic!("a run over no keys started");
+    };
+    assert!(e.to_string().contains("list of keys is empty"), "{e}");
+}
+
+#[test]
 fn a_cache_changes_speed_not_results() {
     for (name, p) in [("shards", shards().interleave(2)), ("files", files())] {
         let p = p

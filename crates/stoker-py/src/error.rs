@@ -13,12 +13,14 @@
 //! format or operator; the same context is set as attributes (`kind`, `object`, `offset`,
 //! `record`, `stage`; `None` when unknown).
 //!
-//! `stoker_core::Error` has no "not found" or "permission" kind: a storage failure carries
-//! the store's message. The two are recognised by the store's own wording
-//! (`stoker_store::Error`'s `Display`), in [`storage_class`] alone. The store classifies a
-//! missing or refused object, bucket or listing by its HTTP status (404, 401/403); the S3
-//! error codes of a refusal are recognised here too, for an error that reaches Python with
-//! only the server's answer in its message.
+//! `stoker_core::Error` has no "not found" or "permission" kind: a storage failure keeps
+//! what raised it as its cause, the store's error (`stoker_store::Error`) or the
+//! `io::Error` a reader gave (which may wrap the store's), and the class comes from that
+//! error's variant or I/O kind ([`cause_class`]). The store classifies a missing or refused
+//! object, bucket or listing by its HTTP status (404, 401/403), and a local file it may not
+//! open as refused. An error without such a cause is classified by the store's wording
+//! ([`storage_class`]); the S3 error codes of a refusal are recognised there too, for an
+//! error that reaches Python with only the server's answer in its message.
 
 use pyo3::exceptions::{
     PyFileNotFoundError, PyOSError, PyPermissionError, PyRuntimeError, PyValueError,
@@ -90,12 +92,60 @@ fn raise(
     err
 }
 
+/// The class of a store error, by its variant.
+fn store_class(e: &stoker_store::Error) -> Class {
+    use stoker_store::Error as E;
+    let class = match e {
+        E::NotFound { .. } => Class::NotFound,
+        E::PermissionDenied { .. } => Class::Permission,
+        E::InvalidUrl { .. } | E::InvalidOption { .. } | E::RangeOutOfBounds { .. } => Class::Value,
+        E::Io { source, .. } => io_class(source),
+        _ => Class::Os,
+    };
+    // A refusal the store only passed on in the server's words.
+    match (class, storage_class(&e.to_string())) {
+        (Class::Os, Class::Permission) => Class::Permission,
+        (c, _) => c,
+    }
+}
+
+/// The class of an I/O error, by its kind (as Python's `OSError` subclasses go by errno).
+fn io_class(e: &std::io::Error) -> Class {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => Class::NotFound,
+        std::io::ErrorKind::PermissionDenied => Class::Permission,
+        _ => Class::Os,
+    }
+}
+
+/// The class of a storage failure from the error the engine kept as its cause: the store's,
+/// or an `io::Error` (the store's inside it, when a reader wrapped one). `None` without one.
+fn cause_class(e: &stoker_core::Error) -> Option<Class> {
+    let cause = e.cause.as_ref()?;
+    let io = cause.downcast_ref::<std::io::Error>();
+    let store = cause.downcast_ref::<stoker_store::Error>().or_else(|| {
+        io.and_then(|io| io.get_ref())
+            .and_then(|i| i.downcast_ref::<stoker_store::Error>())
+    });
+    match (store, io) {
+        // A read past an object's end that a format asked for: the object is not what its
+        // framing says (an `OSError`, as any failed read), not a caller's mistake.
+        (Some(stoker_store::Error::RangeOutOfBounds { .. }), _) => Some(Class::Os),
+        (Some(s), _) => Some(store_class(s)),
+        (None, Some(io)) => Some(io_class(io)),
+        (None, None) => None,
+    }
+}
+
 /// A pipeline error as a Python exception.
 pub(crate) fn pipeline_error(py: Python<'_>, e: stoker_core::Error) -> PyErr {
     let (class, kind) = match e.kind {
         ErrorKind::Record => (Class::Data, "record"),
         ErrorKind::Operator => (Class::Data, "operator"),
-        ErrorKind::Storage => (storage_class(&e.message), "storage"),
+        ErrorKind::Storage => (
+            cause_class(&e).unwrap_or_else(|| storage_class(&e.message)),
+            "storage",
+        ),
         ErrorKind::Invalid => match storage_class(&e.message) {
             Class::NotFound => (Class::NotFound, "invalid"),
             _ => (Class::Value, "invalid"),
@@ -115,28 +165,26 @@ pub(crate) fn pipeline_error(py: Python<'_>, e: stoker_core::Error) -> PyErr {
 /// A store error (from `stoker.io`) as a Python exception.
 pub(crate) fn store_error(py: Python<'_>, e: stoker_store::Error) -> PyErr {
     use stoker_store::Error as E;
-    let (class, url, range) = match &e {
-        E::NotFound { url } => (Class::NotFound, Some(url.as_str()), None),
-        E::PermissionDenied { url, .. } => (Class::Permission, Some(url.as_str()), None),
-        E::InvalidUrl { url, .. } => (Class::Value, Some(url.as_str()), None),
-        E::InvalidOption { .. } => (Class::Value, None, None),
-        E::RangeOutOfBounds { url, range, .. } => {
-            (Class::Value, Some(url.as_str()), Some(range.start))
-        }
-        E::Read { url, range, .. } | E::ShortRead { url, range, .. } => {
-            (Class::Os, Some(url.as_str()), Some(range.start))
-        }
-        E::Changed { url, .. } | E::Request { url, .. } | E::Open { url, .. } => {
-            (Class::Os, Some(url.as_str()), None)
-        }
-        _ => (Class::Os, None, None),
+    let (url, range) = match &e {
+        E::NotFound { url }
+        | E::PermissionDenied { url, .. }
+        | E::InvalidUrl { url, .. }
+        | E::Changed { url, .. }
+        | E::Request { url, .. }
+        | E::Open { url, .. } => (Some(url.as_str()), None),
+        E::RangeOutOfBounds { url, range, .. }
+        | E::Read { url, range, .. }
+        | E::ShortRead { url, range, .. } => (Some(url.as_str()), Some(range.start)),
+        _ => (None, None),
     };
-    let message = e.to_string();
-    let class = match (class, storage_class(&message)) {
-        (Class::Os, Class::Permission) => Class::Permission,
-        (c, _) => c,
-    };
-    raise(py, class, message, "storage", (url, range, None, None))
+    let class = store_class(&e);
+    raise(
+        py,
+        class,
+        e.to_string(),
+        "storage",
+        (url, range, None, None),
+    )
 }
 
 /// An internal failure (a thread that could not start, a channel closed early).

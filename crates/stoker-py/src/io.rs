@@ -40,6 +40,60 @@ pub(crate) fn clear_stores() -> usize {
     stoker_pipeline::shared::clear_shared_stores()
 }
 
+/// Lists `url` through the shared store for its bucket and options (`stoker.io.list`, as
+/// `stoker ls --json` does): one level (objects, and sub-prefixes as `{"prefix": ...}`) or,
+/// `recursive` or with a `glob`, every object below; a URL that names one object lists it.
+/// JSON text of the list of entries, each object with its key, URL, size, ETag, version
+/// and modification time.
+#[pyfunction]
+#[pyo3(signature = (url, store, recursive, glob=None))]
+pub(crate) fn list_objects(
+    py: Python<'_>,
+    url: String,
+    store: Vec<(String, String)>,
+    recursive: bool,
+    glob: Option<String>,
+) -> PyResult<String> {
+    let options = store_options(py, &store)?;
+    let rt = runtime()?;
+    let (store, prefix) = {
+        let _guard = rt.enter();
+        stoker_pipeline::shared::shared_store(&url, &options).map_err(|e| store_error(py, e))?
+    };
+    let listed = wait::on_runtime(py, &rt, async move {
+        let entry = |o: &stoker_store::ObjectInfo| {
+            let mut v = serde_json::to_value(o).expect("serialisable");
+            v["url"] = store.object_url(&o.key).into();
+            v
+        };
+        let (objects, prefixes) = if recursive || glob.is_some() {
+            let mut lo = stoker_store::ListOptions::default();
+            if let Some(g) = glob {
+                lo = lo.with_glob(g);
+            }
+            (store.list_all(&prefix, &lo).await?, Vec::new())
+        } else {
+            let level = store.list_dir(&prefix).await?;
+            (level.objects.clone(), level.prefixes.clone())
+        };
+        let mut out: Vec<serde_json::Value> = prefixes
+            .iter()
+            .map(|p| serde_json::json!({ "prefix": p, "url": store.object_url(p) }))
+            .collect();
+        if objects.is_empty() && prefixes.is_empty() && !prefix.is_empty() && !prefix.ends_with('/')
+        {
+            // Maybe the URL names one object.
+            if let Ok(info) = store.head(&prefix).await {
+                out.push(entry(&info));
+            }
+        }
+        out.extend(objects.iter().map(entry));
+        Ok::<_, stoker_store::Error>(out)
+    })?
+    .map_err(|e| store_error(py, e))?;
+    Ok(serde_json::Value::Array(listed).to_string())
+}
+
 /// A seekable, read-only view of one object (see the module docs).
 #[pyclass(frozen, module = "stoker._native")]
 #[derive(Debug)]

@@ -62,9 +62,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pymap::close_python_calls, m)?)?;
     m.add_function(wrap_pyfunction!(batch_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(io::clear_stores, m)?)?;
+    m.add_function(wrap_pyfunction!(io::list_objects, m)?)?;
     m.add("DataError", py.get_type::<error::DataError>())?;
     let keys: Vec<&str> = stoker_store::OPTION_KEYS.iter().map(|(k, _)| *k).collect();
     m.add("STORE_OPTION_KEYS", keys)?;
+    let formats: std::collections::HashMap<&str, &str> = stoker_pipeline::spec::FORMAT_OPTION_KEYS
+        .iter()
+        .copied()
+        .collect();
+    m.add("FORMAT_OPTION_KEYS", formats)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -53,6 +53,35 @@ fn parse_size(what: &str, v: &str) -> PyResult<u64> {
         .map_err(|e| invalid(format!("{what} {v:?}: {e}")))
 }
 
+/// A number of bytes given as an int, an integral float (`2e9`) or a size (`"2GiB"`): a
+/// `ValueError` for a negative or fractional one, a `TypeError` for anything else.
+fn bytes_arg(what: &str, v: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(b) = v.extract::<u64>() {
+        return Ok(b);
+    }
+    if let Ok(text) = v.extract::<String>() {
+        return parse_size(what, &text);
+    }
+    if v.is_instance_of::<pyo3::types::PyInt>() {
+        return Err(invalid(format!(
+            "{what} must be a number of bytes at least 0, not {v}"
+        )));
+    }
+    if let Ok(f) = v.extract::<f64>() {
+        // Below 2^64: every such float that is whole converts exactly.
+        if f.is_finite() && f >= 0.0 && f.fract() == 0.0 && f < 18_446_744_073_709_551_616.0 {
+            return Ok(f as u64);
+        }
+        return Err(invalid(format!(
+            "{what} must be a whole number of bytes at least 0, not {f}"
+        )));
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "{what}: expected a number of bytes or a size such as \"2GiB\", not {}",
+        v.get_type().name()?
+    )))
+}
+
 fn error_policy(v: &str) -> PyResult<ErrorPolicy> {
     match v {
         "raise" => Ok(ErrorPolicy::Raise),
@@ -315,10 +344,7 @@ impl PyPipeline {
     ) -> PyResult<Self> {
         let size = match size {
             None => None,
-            Some(s) => Some(match s.extract::<u64>() {
-                Ok(b) => b,
-                Err(_) => parse_size("cache size", &s.extract::<String>()?)?,
-            }),
+            Some(s) => Some(bytes_arg("cache size", s)?),
         };
         Ok(match (dir, size) {
             (None, None) => self.with(|p| p.cache()),
@@ -379,10 +405,7 @@ impl PyPipeline {
             o = o.with_threads(t);
         }
         if let Some(m) = memory_limit {
-            let bytes = match m.extract::<u64>() {
-                Ok(b) => b,
-                Err(_) => parse_size("memory_limit", &m.extract::<String>()?)?,
-            };
+            let bytes = bytes_arg("memory_limit", m)?;
             o = o.with_memory_limit(bytes);
         }
         if let Some(d) = deterministic {

@@ -146,6 +146,14 @@ impl Error {
                 url: url.to_string(),
                 source: Arc::new(e),
             },
+            // A local file the process may not read: object_store's local store reports it
+            // as a generic error around the `io::Error`.
+            other if io_kind(&other) == Some(std::io::ErrorKind::PermissionDenied) => {
+                Error::PermissionDenied {
+                    url: url.to_string(),
+                    source: Arc::new(other),
+                }
+            }
             // object_store reports some requests' HTTP status only inside a generic error
             // (a listing of a bucket that does not exist is a 404 NoSuchBucket there).
             other => match http_status(&other) {
@@ -183,12 +191,86 @@ fn http_status(e: &(dyn std::error::Error + 'static)) -> Option<u16> {
     None
 }
 
+/// The kind of the first `io::Error` in `e`'s chain of sources.
+fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        next = err.source();
+    }
+    None
+}
+
+/// A store error as a pipeline's storage error: the store's message, with the store's error
+/// kept as its cause ([`stoker_core::Error::cause`]), so that a caller (the Python package)
+/// tells a missing object from a refused one by the variant, not by the wording.
+impl From<Error> for stoker_core::Error {
+    fn from(e: Error) -> stoker_core::Error {
+        stoker_core::Error::storage(e.to_string()).with_cause(e)
+    }
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_local_file_refused_is_a_permission_error() {
+        // What object_store's local store gives for a file the process may not open (root,
+        // which the tests run as, may open any file, so a real one cannot show it).
+        #[derive(Debug, thiserror::Error)]
+        #[error("Unable to open file /data/x.jpg: {source}")]
+        struct Open {
+            source: std::io::Error,
+        }
+        let denied = object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(Open {
+                source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+            }),
+        };
+        let e = Error::from_backend("get", "file:///data/x.jpg", denied);
+        assert!(matches!(e, Error::PermissionDenied { .. }), "{e}");
+        // Any other local failure stays a failed request.
+        let other = object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(Open {
+                source: std::io::Error::other("disk on fire"),
+            }),
+        };
+        assert!(matches!(
+            Error::from_backend("get", "file:///data/x.jpg", other),
+            Error::Request { .. }
+        ));
+        // A pipeline error made of a store error keeps it, for a caller that classifies.
+        let core: stoker_core::Error = Error::NotFound {
+            url: "s3://b/k".into(),
+        }
+        .into();
+        assert_eq!(core.kind, stoker_core::ErrorKind::Storage);
+        assert_eq!(core.message, "object not found: s3://b/k");
+        let kept = core.cause.as_ref().and_then(|c| c.downcast_ref::<Error>());
+        assert!(kept.is_some_and(Error::is_not_found));
+        // And so does one a reader passed on as an `io::Error` (the formats read objects
+        // through `io::Read`-like sources).
+        let io = std::io::Error::other(Error::NotFound {
+            url: "s3://b/k".into(),
+        });
+        let core = stoker_core::Error::from(io);
+        let io = core
+            .cause
+            .as_ref()
+            .and_then(|c| c.downcast_ref::<std::io::Error>());
+        let inner = io
+            .and_then(|e| e.get_ref())
+            .and_then(|e| e.downcast_ref::<Error>());
+        assert!(inner.is_some_and(Error::is_not_found));
+    }
 
     #[test]
     fn statuses_are_found_in_a_generic_error_s_sources() {
