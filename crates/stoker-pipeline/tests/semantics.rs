@@ -443,6 +443,27 @@ fn a_disk_cache_changes_speed_not_results_and_serves_later_runs() {
     }
 }
 
+/// The test server's store options, for pipelines built here.
+fn server_options(s: &stoker_testserver::TestServer) -> stoker_store::StoreOptions {
+    stoker_store::StoreOptions::default()
+        .with_endpoint(s.endpoint())
+        .with_credentials(s.access_key(), s.secret_key())
+        .with_region(s.region())
+}
+
+/// A run's lines (`Lines` samples' `txt`), with the GETs it made.
+fn lines_and_gets(p: &stoker_pipeline::Pipeline) -> (Vec<String>, u64) {
+    let mut run = p.run().unwrap();
+    let t = run
+        .by_ref()
+        .map(|i| {
+            let s = i.unwrap().into_sample().unwrap();
+            String::from_utf8(s.get("txt").unwrap().as_bytes().unwrap().to_vec()).unwrap()
+        })
+        .collect();
+    (t, run.stats().storage.unwrap().get_requests)
+}
+
 #[test]
 fn a_disk_cache_never_serves_a_changed_object() {
     let s = stoker_testserver::TestServer::start_blocking(
@@ -454,29 +475,21 @@ fn a_disk_cache_never_serves_a_changed_object() {
     let dir = tempfile::tempdir().unwrap();
     let p = stoker_pipeline::Pipeline::from_url(
         "s3://dcache/t/",
-        stoker_store::StoreOptions::default()
-            .with_endpoint(s.endpoint())
-            .with_credentials(s.access_key(), s.secret_key())
-            .with_region(s.region()),
+        server_options(&s),
         stoker_pipeline::FormatChoice::Fixed(std::sync::Arc::new(Lines)),
     )
     .cache_on_disk(dir.path());
-    let texts = |p: &stoker_pipeline::Pipeline| -> (Vec<String>, u64) {
-        let mut run = p.run().unwrap();
-        let t = run
-            .by_ref()
-            .map(|i| {
-                let s = i.unwrap().into_sample().unwrap();
-                String::from_utf8(s.get("txt").unwrap().as_bytes().unwrap().to_vec()).unwrap()
-            })
-            .collect();
-        (t, run.stats().storage.unwrap().get_requests)
-    };
-    assert_eq!(texts(&p), (vec!["a0".into(), "a1".into(), "b0".into()], 2));
-    assert_eq!(texts(&p).1, 0);
+    assert_eq!(
+        lines_and_gets(&p),
+        (vec!["a0".into(), "a1".into(), "b0".into()], 2)
+    );
+    assert_eq!(lines_and_gets(&p).1, 0);
     // Same size, new content: the cached copy of the old version is not used.
     s.put_object("dcache", "t/a.txt", b"A0\nA1\n").unwrap();
-    assert_eq!(texts(&p), (vec!["A0".into(), "A1".into(), "b0".into()], 1));
+    assert_eq!(
+        lines_and_gets(&p),
+        (vec!["A0".into(), "A1".into(), "b0".into()], 1)
+    );
 }
 
 #[test]
@@ -492,32 +505,24 @@ fn a_list_of_keys_is_read_in_its_order_and_its_objects_versions_are_known() {
     let source = |keys: &[&str]| {
         stoker_pipeline::Pipeline::from_url(
             "s3://keys/t",
-            stoker_store::StoreOptions::default()
-                .with_endpoint(s.endpoint())
-                .with_credentials(s.access_key(), s.secret_key())
-                .with_region(s.region()),
+            server_options(&s),
             stoker_pipeline::FormatChoice::Fixed(std::sync::Arc::new(Lines)),
         )
         .keys(keys.iter().map(|k| k.to_string()).collect())
     };
     let p = source(&["sub/b.txt", "a.txt"]).cache_on_disk(dir.path());
-    let texts = |p: &stoker_pipeline::Pipeline| -> (Vec<String>, u64) {
-        let mut run = p.run().unwrap();
-        let t = run
-            .by_ref()
-            .map(|i| {
-                let s = i.unwrap().into_sample().unwrap();
-                String::from_utf8(s.get("txt").unwrap().as_bytes().unwrap().to_vec()).unwrap()
-            })
-            .collect();
-        (t, run.stats().storage.unwrap().get_requests)
-    };
     // Not c.txt, which a listing would have read; in the list's order.
-    assert_eq!(texts(&p), (vec!["b0".into(), "a0".into(), "a1".into()], 2));
-    assert_eq!(texts(&p).1, 0);
+    assert_eq!(
+        lines_and_gets(&p),
+        (vec!["b0".into(), "a0".into(), "a1".into()], 2)
+    );
+    assert_eq!(lines_and_gets(&p).1, 0);
     // The lookups give the versions a listing gives: a changed object is read anew.
     s.put_object("keys", "t/a.txt", b"A0\nA1\n").unwrap();
-    assert_eq!(texts(&p), (vec!["b0".into(), "A0".into(), "A1".into()], 1));
+    assert_eq!(
+        lines_and_gets(&p),
+        (vec!["b0".into(), "A0".into(), "A1".into()], 1)
+    );
     // A missing key fails the run at its start, naming the object.
     let Err(e) = source(&["a.txt", "nope.txt"]).run() else {
         panic!("a run over a missing key started");
