@@ -54,6 +54,7 @@ __version__: str = _native.__version__
 #: among them by the objects' extensions).
 FORMATS = ("files", "imagefolder", "tar", "webdataset", "tfrecord", "parquet", "jsonl", "csv")
 
+
 def _count(what: str, n: Any, least: int = 0, bits: int = 64) -> int:
     """``n`` as an int of at least ``least`` and below ``2**bits`` (what the engine's
     unsigned argument holds): a ``ValueError`` naming ``what`` when it is out of range
