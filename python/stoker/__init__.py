@@ -29,6 +29,7 @@ import json
 import operator
 import os
 import tomllib
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -530,9 +531,11 @@ def from_url(
     objects of a record format mixed with others (name the format and a ``glob``).
     ``imagefolder`` (labels from class directories) is never guessed.
 
-    ``keys``: exactly these objects (keys relative to ``url``'s prefix), in this order,
-    instead of a listing (a manifest; :func:`from_urls` takes whole URLs). A run looks them
-    up first, many at once, and fails at its start naming any that is missing.
+    ``keys``: exactly these objects (keys relative to ``url``'s prefix, taken literally),
+    in this order, instead of a listing (a manifest; :func:`from_urls` takes whole URLs);
+    not with ``glob``. Nothing is listed or looked up before the run: a missing object
+    fails the run when it reaches it, naming it (with a disk ``cache(dir)`` a run looks
+    every key up first, many at once, for the versions that tell a changed object).
 
     Keyword options are store options (``endpoint``, ``region``, ``access_key``,
     ``secret_key``, ``allow_http``, and every key of the CLI's ``-o KEY=VALUE``:
@@ -570,33 +573,59 @@ def from_url(
 
 
 def _store_root(url: str) -> str:
-    """The part of ``url`` that names its store: ``s3://bucket/`` (``file://`` and plain
-    paths: the local file system, ``""``)."""
+    """The part of ``url`` that names its store: ``s3://bucket/`` (local paths: ``""``)."""
     scheme, sep, rest = url.partition("://")
-    if not sep or scheme == "file":
+    if not sep:
         return ""
     return f"{scheme}://{rest.split('/', 1)[0]}/"
 
 
-def from_urls(urls: Iterable[str | os.PathLike[str]], format: str = "auto", **options: Any) -> Pipeline:
+def _local(url: str) -> str:
+    """``url`` with a local path as an absolute path (``file://`` URLs decoded, as the store
+    decodes them), so that local objects given either way share their directories."""
+    if url.startswith("file://"):
+        path = urllib.parse.unquote(url[len("file://"):])
+        return path[len("localhost"):] if path.startswith("localhost/") else path
+    return url if "://" in url else os.path.abspath(url)
+
+
+def from_urls(
+    urls: Iterable[str | os.PathLike[str]],
+    format: str = "auto",
+    *,
+    root: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> Pipeline:
     """Exactly these objects, in this order (a manifest; repeats read an object again), as
-    one source: :func:`from_url` on their common directory with ``keys``. They must be in
-    one store (one bucket); the keywords are :func:`from_url`'s. The order is the epoch's
-    order unless ``shuffle_shards``; with a one-sample-per-object format (``files``,
-    ``imagefolder``) every object is a sample."""
-    given = [os.fspath(u) for u in urls]
+    one source: :func:`from_url` on ``root`` with the URLs' keys relative to it. ``root``
+    defaults to the URLs' common directory; give it where the keys below it mean something,
+    as ImageFolder's class directories do (all the URLs in one class directory would
+    otherwise make that directory the root). The URLs must be in one store (one bucket);
+    they are percent-decoded as :func:`from_url`'s URL is (local paths are not). The
+    keywords are :func:`from_url`'s. The order is the epoch's order unless
+    ``shuffle_shards``; with a one-sample-per-object format (``files``, ``imagefolder``)
+    every object is a sample."""
+    given = [_local(os.fspath(u)) for u in urls]
     if not given:
         raise ValueError("from_urls: no URLs")
-    # Local paths as absolute ones, so that they share a directory.
-    given = [u if "://" in u else os.path.abspath(u) for u in given]
     roots = sorted({_store_root(u) for u in given})
     if len(roots) > 1:
-        raise ValueError(f"from_urls: the URLs must be in one store, not in {', '.join(roots)}")
-    common = os.path.commonprefix(given)
-    base = common[: common.rfind("/") + 1]
-    if len(base) < len(roots[0]):
-        base = roots[0]
-    return from_url(base, format, keys=[u[len(base):] for u in given], **options)
+        raise ValueError(f"from_urls: the URLs must be in one store, not in {', '.join(repr(r) for r in roots)}")
+    if root is None:
+        common = os.path.commonprefix(given)
+        base = common[: common.rfind("/") + 1]
+        if len(base) < len(roots[0]):
+            base = roots[0]
+    else:
+        base = _local(os.fspath(root))
+        base = base if base.endswith("/") else base + "/"
+        outside = [u for u in given if not u.startswith(base)]
+        if outside:
+            raise ValueError(f"from_urls: {outside[0]} is not under root {base}")
+    keys = [u[len(base):] for u in given]
+    if roots[0]:
+        keys = [urllib.parse.unquote(k) for k in keys]
+    return from_url(base, format, keys=keys, **options)
 
 
 def from_spec(spec: Mapping[str, Any] | str | os.PathLike[str], **store_options: Any) -> Pipeline:

@@ -106,7 +106,8 @@ def ls(
     sub-prefix as ``{"prefix": ..., "url": ...}``, then the objects) or, with
     ``recursive`` or a ``glob`` (``"**/*.jpg"``, relative to ``url``), every object below.
     An object is ``{"key", "url", "size", "etag", "version", "last_modified_ms"}`` (key
-    relative to the bucket). A URL that names one object lists it; an empty prefix gives
+    relative to the bucket). A URL that names one object lists it (without a ``glob``,
+    which matches keys below the URL); an empty prefix gives
     ``[]``. Store options as for :func:`open`; the listing goes through the same shared
     store (its metadata cache included)."""
     _threads.check_fork()

@@ -271,7 +271,7 @@ def test_index_counts_every_shard_and_feeds_the_contiguous_split(s3, prefix, tmp
         list(tar)
 
 
-def test_from_urls_reads_exactly_those_objects_in_their_order(s3, prefix, local_dir):
+def test_from_urls_reads_exactly_those_objects_in_their_order(s3, prefix, local_dir, tmp_path):
     for i in range(5):
         s3.put(f"{prefix}m/{i}.txt", f"t{i}".encode())
     s3.put(f"{prefix}m/sub/x.txt", b"sub")
@@ -285,10 +285,19 @@ def test_from_urls_reads_exactly_those_objects_in_their_order(s3, prefix, local_
 
     q = pickle.loads(pickle.dumps(stoker.from_url(base, "files", keys=["4.txt", "1.txt"], **s3.options)))
     assert [bytes(s["txt"]) for s in q] == [b"t4", b"t1"]
-    # A missing object fails the run at its start, naming it.
+    # A missing object fails the run where it reaches it, naming it; with a disk cache
+    # (which looks every object up first, for its version) at the run's start.
+    missing = stoker.from_urls([base + "1.txt", base + "nope.txt"], format="files", **s3.options)
+    run = iter(missing)
+    assert bytes(next(run)["txt"]) == b"t1"
     with pytest.raises(FileNotFoundError, match="nope.txt") as e:
-        next(iter(stoker.from_urls([base + "1.txt", base + "nope.txt"], format="files", **s3.options)))
+        next(run)
     assert e.value.object == base + "nope.txt"
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        iter(missing.cache(tmp_path / "cache"))
+    # Percent-encoded URLs are decoded as from_url's are.
+    s3.put(f"{prefix}m/a b.txt", b"spaced")
+    assert [bytes(s["txt"]) for s in stoker.from_urls([base + "a%20b.txt"], **s3.options)] == [b"spaced"]
     with pytest.raises(ValueError, match="one store"):
         stoker.from_urls([base + "1.txt", "s3://other/1.txt"], **s3.options)
     with pytest.raises(ValueError, match="not both"):
@@ -301,6 +310,12 @@ def test_from_urls_reads_exactly_those_objects_in_their_order(s3, prefix, local_
         (local_dir / cls).mkdir()
         for i in range(2):
             (local_dir / cls / f"{i}.jpg").write_bytes(f"{cls}{i}".encode())
-    paths = [local_dir / "dog" / "1.jpg", local_dir / "cat" / "0.jpg"]
+    paths = [local_dir / "dog" / "1.jpg", f"file://{local_dir}/cat/0.jpg"]
     got = [(bytes(s["jpg"]), int(s["label"])) for s in stoker.from_urls(paths, format="imagefolder")]
     assert got == [(b"dog1", 1), (b"cat0", 0)]
+    # All in one class directory: the root says where the classes are.
+    dogs = [local_dir / "dog" / "0.jpg", local_dir / "dog" / "1.jpg"]
+    got = [int(s["label"]) for s in stoker.from_urls(dogs, format="imagefolder", root=local_dir)]
+    assert got == [0, 0]
+    with pytest.raises(ValueError, match="not under root"):
+        stoker.from_urls(dogs, root=local_dir / "cat")

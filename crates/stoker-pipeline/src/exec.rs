@@ -964,8 +964,12 @@ impl Run {
             &p.format,
             runtime.handle(),
             Some(budget.clone()),
-            memory_limit,
-            single_pass,
+            crate::source::ResolveOptions {
+                memory_limit,
+                single_pass,
+                // The disk cache tells a changed object by its version.
+                look_up_keys: p.cache_dir.is_some(),
+            },
             opened,
         )?;
         // `auto` is decided now that the objects are listed: the plan below sees the format.

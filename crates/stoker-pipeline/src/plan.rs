@@ -21,8 +21,7 @@ pub enum Source {
         /// Only keys matching this glob (relative to the prefix).
         glob: Option<String>,
         /// These objects (keys relative to the URL's prefix, in this order) instead of a
-        /// listing: a manifest. Each is looked up (HEAD) when a run starts, for its size
-        /// and version; a missing one fails the run, naming it.
+        /// listing: a manifest (see [`Pipeline::keys`]).
         keys: Option<Arc<Vec<String>>>,
     },
     /// These keys of an open store, in this order.
@@ -333,8 +332,10 @@ impl Pipeline {
     }
 
     /// Reads these objects, keys relative to the URL's prefix, in this order, instead of
-    /// listing the prefix (for a URL source): a manifest. A run looks each up first (many
-    /// at once) for its size and version, and fails naming any that is missing.
+    /// listing the prefix (for a URL source): a manifest. An object's size is asked for
+    /// when a reader needs it, and a missing one fails the run when it reaches it, naming
+    /// it; with a disk cache a run looks every key up first (many at once), for the
+    /// versions that tell a changed object, and fails at its start on a missing one.
     pub fn keys(mut self, keys: Vec<String>) -> Self {
         if let Source::Url { keys: k, .. } = &mut self.source {
             *k = Some(Arc::new(keys));
@@ -552,6 +553,14 @@ impl Pipeline {
         }
         if self.epochs == Some(0) {
             return Err(Error::invalid("epochs must be at least 1"));
+        }
+        if let Source::Url {
+            glob: Some(_),
+            keys: Some(_),
+            ..
+        } = &self.source
+        {
+            return Err(Error::invalid("give the source keys or a glob, not both"));
         }
         for op in &self.ops {
             if let Op::Pack(p) = op {

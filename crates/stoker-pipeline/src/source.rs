@@ -30,7 +30,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use stoker_core::{CollatePolicy, Columns, Error, Sample};
 use stoker_formats::files::{Files, ImageFolder};
 use stoker_formats::{Access, ByteSource, ChunkCursor, Format, Input, RandomAccess, ShardInfo};
@@ -312,20 +312,37 @@ pub(crate) fn url_store_options(
     options
 }
 
+/// How [`Dataset::resolve`] opens and lists a URL source.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ResolveOptions {
+    /// The run's memory limit, for a store of its own.
+    pub memory_limit: Option<u64>,
+    /// The run reads its data once (see [`url_store_options`]).
+    pub single_pass: bool,
+    /// Look a list of keys up first (for the versions a disk cache needs).
+    pub look_up_keys: bool,
+}
+
 impl Dataset {
     /// Lists the source and picks the format. A URL source is read through `opened` (a
     /// shared store and the key the URL names in it) when given, else through a store of
     /// its own opened with [`url_store_options`]. A store given by the caller
-    /// (`Source::Keys`) is used as it is.
+    /// (`Source::Keys`) is used as it is. A URL source's list of keys is looked up first
+    /// (HEAD, many at once) when `look_up_keys`, for the versions a disk cache needs;
+    /// else each object's size is asked for when a reader needs it.
     pub(crate) fn resolve(
         source: &Source,
         format: &FormatChoice,
         runtime: &tokio::runtime::Handle,
         budget: Option<stoker_core::MemoryBudget>,
-        memory_limit: Option<u64>,
-        single_pass: bool,
+        how: ResolveOptions,
         opened: Option<(Store, String)>,
     ) -> Result<Dataset, Error> {
+        let ResolveOptions {
+            memory_limit,
+            single_pass,
+            look_up_keys,
+        } = how;
         let storage = Error::from;
         let mut baseline = None;
         let (store, infos, memory, prefix) = match source {
@@ -359,53 +376,57 @@ impl Dataset {
                 if let Some(g) = glob {
                     lo = lo.with_glob(g.clone());
                 }
-                let (listed, prefix) = if let Some(keys) = keys {
-                    if glob.is_some() {
-                        return Err(Error::invalid("give the source keys or a glob, not both"));
+                let dir = if key.is_empty() || key.ends_with('/') {
+                    key.clone()
+                } else {
+                    format!("{key}/")
+                };
+                let (shards, prefix) = if let Some(keys) = keys {
+                    if keys.is_empty() {
+                        return Err(Error::invalid("the source's list of keys is empty"));
                     }
-                    let prefix = if key.is_empty() || key.ends_with('/') {
-                        key.clone()
+                    let shards = if look_up_keys {
+                        head_keys(runtime, &store, &dir, keys)?
+                            .iter()
+                            .map(|o| listed_shard(&store, o))
+                            .collect()
                     } else {
-                        format!("{key}/")
+                        // Sizes come when a reader needs one (a HEAD then), and a missing
+                        // object fails when the run reaches it, naming it.
+                        keys.iter()
+                            .map(|k| {
+                                let key = format!("{dir}{k}");
+                                ShardInfo::new(key.clone(), store.object_url(&key))
+                            })
+                            .collect()
                     };
-                    (head_keys(runtime, &store, &prefix, keys)?, prefix)
+                    (shards, dir)
                 } else {
                     let listed = runtime
                         .block_on(store.list_all(&key, &lo))
                         .map_err(storage)?;
-                    if listed.is_empty() && !key.is_empty() && !key.ends_with('/') {
-                        // The URL names one object.
-                        let info = runtime.block_on(store.head(&key)).map_err(storage)?;
-                        let prefix = key
-                            .rfind('/')
-                            .map_or(String::new(), |i| key[..=i].to_string());
-                        (vec![info], prefix)
-                    } else {
-                        let prefix = if key.is_empty() || key.ends_with('/') {
-                            key.clone()
+                    let (listed, prefix) =
+                        if listed.is_empty() && !key.is_empty() && !key.ends_with('/') {
+                            // The URL names one object.
+                            let info = runtime.block_on(store.head(&key)).map_err(storage)?;
+                            let prefix = key
+                                .rfind('/')
+                                .map_or(String::new(), |i| key[..=i].to_string());
+                            (vec![info], prefix)
                         } else {
-                            format!("{key}/")
+                            (listed, dir)
                         };
-                        (listed, prefix)
+                    if listed.is_empty() {
+                        return Err(Error::invalid(format!(
+                            "no objects under {url}{}",
+                            glob.as_ref()
+                                .map(|g| format!(" matching {g:?}"))
+                                .unwrap_or_default()
+                        )));
                     }
+                    let shards = listed.iter().map(|o| listed_shard(&store, o)).collect();
+                    (shards, prefix)
                 };
-                if listed.is_empty() {
-                    return Err(Error::invalid(format!(
-                        "no objects under {url}{}",
-                        glob.as_ref()
-                            .map(|g| format!(" matching {g:?}"))
-                            .unwrap_or_default()
-                    )));
-                }
-                let shards = listed
-                    .iter()
-                    .map(|o| ShardInfo {
-                        key: o.key.clone(),
-                        url: store.object_url(&o.key),
-                        size: Some(o.size),
-                        version: Some(o.version_tag()),
-                    })
-                    .collect();
                 (Some(store), shards, None, prefix)
             }
             Source::Keys { store, keys } => {
@@ -501,6 +522,16 @@ pub(crate) fn epoch_order(ds: &Dataset, cfg: &SourceConfig, epoch: u64) -> Vec<u
     }
 }
 
+/// Shard `o` of a listing (or a lookup): with its size and version.
+fn listed_shard(store: &Store, o: &stoker_store::ObjectInfo) -> ShardInfo {
+    ShardInfo {
+        key: o.key.clone(),
+        url: store.object_url(&o.key),
+        size: Some(o.size),
+        version: Some(o.version_tag()),
+    }
+}
+
 /// How many lookups of a source's keys are in flight at once.
 const HEAD_CONCURRENCY: usize = 64;
 
@@ -512,9 +543,7 @@ fn head_keys(
     prefix: &str,
     keys: &[String],
 ) -> Result<Vec<stoker_store::ObjectInfo>, Error> {
-    if keys.is_empty() {
-        return Err(Error::invalid("the source's list of keys is empty"));
-    }
+    // The first failure ends the lookups.
     let heads = futures::stream::iter(keys)
         .map(|k| {
             let key = format!("{prefix}{k}");
@@ -526,8 +555,8 @@ fn head_keys(
             }
         })
         .buffered(HEAD_CONCURRENCY)
-        .collect::<Vec<_>>();
-    rt.block_on(heads).into_iter().collect()
+        .try_collect::<Vec<_>>();
+    rt.block_on(heads)
 }
 
 /// A streamed object as a [`ByteSource`]: a task on the runtime reads it part by part.

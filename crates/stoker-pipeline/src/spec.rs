@@ -580,6 +580,9 @@ impl PipelineSpec {
             p = p.glob(g.clone());
         }
         if let Some(k) = &self.keys {
+            if self.glob.is_some() {
+                return Err(Error::invalid("give the source keys or a glob, not both"));
+            }
             p = p.keys(k.clone());
         }
         if let Some(r) = &self.rank {

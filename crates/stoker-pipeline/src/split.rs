@@ -340,8 +340,11 @@ impl crate::Pipeline {
             &self.format,
             runtime.handle(),
             None,
-            self.memory_limit(),
-            true,
+            crate::source::ResolveOptions {
+                memory_limit: self.memory_limit(),
+                single_pass: true,
+                look_up_keys: false,
+            },
             None,
         )?;
         let counts = if ds.per_object {

@@ -523,11 +523,20 @@ fn a_list_of_keys_is_read_in_its_order_and_its_objects_versions_are_known() {
         lines_and_gets(&p),
         (vec!["b0".into(), "A0".into(), "A1".into()], 1)
     );
-    // A missing key fails the run at its start, naming the object.
-    let Err(e) = source(&["a.txt", "nope.txt"]).run() else {
-        panic!("a run over a missing key started");
-    };
+    // A missing key fails the run where it reaches it, naming the object; with a disk
+    // cache, which looks every key up first, at its start.
+    let missing = source(&["a.txt", "nope.txt"]);
+    let items: Vec<_> = missing.run().unwrap().collect();
+    assert!(
+        items[0].is_ok() && items[1].is_ok(),
+        "a.txt's two lines first"
+    );
+    let e = items.last().unwrap().as_ref().expect_err("nope.txt fails");
     assert_eq!(e.kind, stoker_core::ErrorKind::Storage);
+    assert_eq!(e.object.as_deref(), Some("s3://keys/t/nope.txt"), "{e}");
+    let Err(e) = missing.cache_on_disk(dir.path()).run() else {
+        panic!("a run over a missing key with a disk cache started");
+    };
     assert_eq!(e.object.as_deref(), Some("s3://keys/t/nope.txt"), "{e}");
     let Err(e) = source(&[]).run() else {
         panic!("a run over no keys started");

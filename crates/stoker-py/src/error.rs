@@ -99,7 +99,12 @@ fn store_class(e: &stoker_store::Error) -> Class {
         E::NotFound { .. } => Class::NotFound,
         E::PermissionDenied { .. } => Class::Permission,
         E::InvalidUrl { .. } | E::InvalidOption { .. } | E::RangeOutOfBounds { .. } => Class::Value,
-        E::Io { source, .. } => io_class(source),
+        // The store's own local files (the disk block cache): refused or failed, never
+        // "not found" (that is for the objects).
+        E::Io { source, .. } => match io_class(source) {
+            Class::Permission => Class::Permission,
+            _ => Class::Os,
+        },
         _ => Class::Os,
     };
     // A refusal the store only passed on in the server's words.

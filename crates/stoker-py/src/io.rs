@@ -42,7 +42,8 @@ pub(crate) fn clear_stores() -> usize {
 
 /// Lists `url` through the shared store for its bucket and options (`stoker.io.list`, as
 /// `stoker ls --json` does): one level (objects, and sub-prefixes as `{"prefix": ...}`) or,
-/// `recursive` or with a `glob`, every object below; a URL that names one object lists it.
+/// `recursive` or with a `glob`, every object below; a URL that names one object lists it
+/// (without a glob).
 /// JSON text of the list of entries, each object with its key, URL, size, ETag, version
 /// and modification time.
 #[pyfunction]
@@ -60,6 +61,7 @@ pub(crate) fn list_objects(
         let _guard = rt.enter();
         stoker_pipeline::shared::shared_store(&url, &options).map_err(|e| store_error(py, e))?
     };
+    let globbed = glob.is_some();
     let listed = wait::on_runtime(py, &rt, async move {
         let entry = |o: &stoker_store::ObjectInfo| {
             let mut v = serde_json::to_value(o).expect("serialisable");
@@ -80,9 +82,9 @@ pub(crate) fn list_objects(
             .iter()
             .map(|p| serde_json::json!({ "prefix": p, "url": store.object_url(p) }))
             .collect();
-        if objects.is_empty() && prefixes.is_empty() && !prefix.is_empty() && !prefix.ends_with('/')
-        {
-            // Maybe the URL names one object.
+        let named = !prefix.is_empty() && !prefix.ends_with('/') && !globbed;
+        if objects.is_empty() && prefixes.is_empty() && named {
+            // Maybe the URL names one object (a glob matches keys below the URL only).
             if let Ok(info) = store.head(&prefix).await {
                 out.push(entry(&info));
             }

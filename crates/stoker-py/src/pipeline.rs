@@ -3,7 +3,7 @@
 //! handle, so a pipeline given to a function can never be changed behind its caller's back.
 //!
 //! Sources come from a spec: `stoker.from_url(...)` writes the spec's source part (`source`,
-//! `format`, `glob`, `format_options`) and `stoker.from_spec` passes a whole one, as JSON
+//! `format`, `glob`, `keys`, `format_options`) and `stoker.from_spec` passes a whole one, as JSON
 //! text, so formats and their options are resolved by the same code as `stoker run`.
 //! Per-sample operators come the same way, one `OpSpec` object at a time.
 

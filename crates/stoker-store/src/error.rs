@@ -147,8 +147,17 @@ impl Error {
                 source: Arc::new(e),
             },
             // A local file the process may not read: object_store's local store reports it
-            // as a generic error around the `io::Error`.
-            other if io_kind(&other) == Some(std::io::ErrorKind::PermissionDenied) => {
+            // as a generic error around the `io::Error`. (Elsewhere such an error is the
+            // machine's, a socket refused, not a refusal of the credentials.)
+            other
+                if matches!(
+                    other,
+                    object_store::Error::Generic {
+                        store: "LocalFileSystem",
+                        ..
+                    }
+                ) && io_kind(&other) == Some(std::io::ErrorKind::PermissionDenied) =>
+            {
                 Error::PermissionDenied {
                     url: url.to_string(),
                     source: Arc::new(other),
@@ -236,7 +245,18 @@ mod tests {
         };
         let e = Error::from_backend("get", "file:///data/x.jpg", denied);
         assert!(matches!(e, Error::PermissionDenied { .. }), "{e}");
-        // Any other local failure stays a failed request.
+        // Nor is a refused socket under another store; any other local failure stays a
+        // failed request.
+        let socket = object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(Open {
+                source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+            }),
+        };
+        assert!(matches!(
+            Error::from_backend("get", "s3://b/x.jpg", socket),
+            Error::Request { .. }
+        ));
         let other = object_store::Error::Generic {
             store: "LocalFileSystem",
             source: Box::new(Open {
