@@ -40,7 +40,7 @@ pub(crate) fn clear_stores() -> usize {
     stoker_pipeline::shared::clear_shared_stores()
 }
 
-/// Lists `url` through the shared store for its bucket and options (`stoker.io.list`, as
+/// Lists `url` through the shared store for its bucket and options (`stoker.io.ls`, as
 /// `stoker ls --json` does): one level (objects, and sub-prefixes as `{"prefix": ...}`) or,
 /// `recursive` or with a `glob`, every object below; a URL that names one object lists it
 /// (without a glob).
@@ -68,7 +68,7 @@ pub(crate) fn list_objects(
             v["url"] = store.object_url(&o.key).into();
             v
         };
-        let (objects, prefixes) = if recursive || glob.is_some() {
+        let (objects, prefixes) = if recursive || globbed {
             let mut lo = stoker_store::ListOptions::default();
             if let Some(g) = glob {
                 lo = lo.with_glob(g);
