@@ -12,7 +12,10 @@
 //! else a `Str`; without it every field is a `Str`. A row whose number of fields differs
 //! from the header's (or, without a header, the first row's) is an [`Error::record`] naming
 //! its byte offset and record index, and so is a field that is not UTF-8; the next call
-//! goes on with the next row.
+//! goes on with the next row. A quoted field whose closing quote never comes (the object
+//! ends inside it) is an [`Error::record`] naming the byte offset and line where the field
+//! began, and ends the object: everything after the opening quote would otherwise be
+//! taken silently as one field (Python's `csv` in strict mode, Arrow and pandas raise too).
 
 use std::sync::Arc;
 
@@ -68,6 +71,8 @@ impl Format for Csv {
                 consumed: 0,
                 names: None,
                 record: 0,
+                quotes: QuoteScan::default(),
+                done: false,
             })),
             Input::Random(_) => Err(Error::invalid("csv reads a stream, not random access")
                 .with_stage("csv")
@@ -93,6 +98,10 @@ struct CsvReader {
     consumed: u64,
     names: Option<Vec<Arc<str>>>,
     record: u64,
+    /// Where quoted fields open and close, to tell an unterminated one at the end.
+    quotes: QuoteScan,
+    /// An unterminated quote ended the object.
+    done: bool,
 }
 
 impl CsvReader {
@@ -127,6 +136,11 @@ impl CsvReader {
                 &self.buf[self.pos..],
                 &mut self.out[nout_total..],
                 &mut self.ends[self.fields..],
+            );
+            self.quotes.scan(
+                &self.buf[self.pos..self.pos + nin],
+                self.consumed,
+                self.opts.delimiter,
             );
             self.pos += nin;
             self.consumed += nin as u64;
@@ -172,9 +186,25 @@ impl CsvReader {
 impl RecordReader for CsvReader {
     fn next(&mut self) -> Result<Option<Sample>, Error> {
         loop {
+            if self.done {
+                return Ok(None);
+            }
             let Some(start) = self.read_row()? else {
                 return Ok(None);
             };
+            if self.eof {
+                if let Some((at, line)) = self.quotes.open_at() {
+                    let record = self.record;
+                    self.record += 1;
+                    self.done = true;
+                    let e = Error::record(format!(
+                        "unterminated quote: the quoted field that begins at byte {at} \
+                         (line {line}) has no closing quote before the end of the object"
+                    ))
+                    .with_offset(at);
+                    return Err(locate(e, "csv", &self.shard, start, record));
+                }
+            }
             if self.names.is_none() {
                 if self.opts.has_header {
                     self.names = Some(self.header());
@@ -211,6 +241,71 @@ impl RecordReader for CsvReader {
 
     fn record(&self) -> u64 {
         self.record
+    }
+}
+
+/// Follows the input the parser was given, as csv-core's state machine does (RFC 4180,
+/// doubled quotes, any line end ends a row), to know whether the object ended inside a
+/// quoted field and where that field began.
+#[derive(Debug, Clone, Copy)]
+struct QuoteScan {
+    state: QuoteState,
+    /// Offset and 1-based line of the last opening quote.
+    open: (u64, u64),
+    /// Line of the next byte (`\n`, `\r\n` and a lone `\r` each end one).
+    line: u64,
+    after_cr: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QuoteState {
+    /// At the start of a field: a quote here opens a quoted field.
+    FieldStart,
+    /// In an unquoted field (or after a quoted one's closing quote).
+    Field,
+    Quoted,
+    /// A quote inside a quoted field: closes it, or escapes the next quote.
+    QuoteInQuoted,
+}
+
+impl Default for QuoteScan {
+    fn default() -> QuoteScan {
+        QuoteScan {
+            state: QuoteState::FieldStart,
+            open: (0, 1),
+            line: 1,
+            after_cr: false,
+        }
+    }
+}
+
+impl QuoteScan {
+    /// Follows `bytes`, found at offset `base` of the object.
+    fn scan(&mut self, bytes: &[u8], base: u64, delimiter: u8) {
+        use QuoteState::*;
+        for (i, &b) in bytes.iter().enumerate() {
+            let line_end = b == b'\n' || b == b'\r';
+            self.state = match (self.state, b) {
+                (FieldStart, b'"') => {
+                    self.open = (base + i as u64, self.line);
+                    Quoted
+                }
+                (Quoted, b'"') => QuoteInQuoted,
+                (Quoted, _) => Quoted,
+                (QuoteInQuoted, b'"') => Quoted,
+                (_, _) if b == delimiter || line_end => FieldStart,
+                _ => Field,
+            };
+            if b == b'\r' || (b == b'\n' && !self.after_cr) {
+                self.line += 1;
+            }
+            self.after_cr = b == b'\r';
+        }
+    }
+
+    /// Where the quoted field the input ended in began, if it ended in one.
+    fn open_at(&self) -> Option<(u64, u64)> {
+        (self.state == QuoteState::Quoted).then_some(self.open)
     }
 }
 

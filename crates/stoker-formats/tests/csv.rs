@@ -174,3 +174,53 @@ fn skip_drops_rows() {
     assert_eq!(r.record(), 100);
     assert_eq!(r.next().unwrap().unwrap(), all[100]);
 }
+
+#[test]
+fn an_unterminated_quote_is_an_error_naming_its_offset() {
+    // Issue 23: a quote that never closes used to take the rest of the object as one field,
+    // silently (200,002 rows read as 2 samples, none skipped).
+    let mut text = b"id,text\n1,ok\n2,\"never closed\n".to_vec();
+    let open = text.iter().position(|&b| b == b'"').unwrap() as u64;
+    for i in 3..2000 {
+        text.extend_from_slice(format!("{i},row {i}\n").as_bytes());
+    }
+    for chunk in [1, 7, 4096, text.len()] {
+        let mut r = open_with(Csv::default(), &text, chunk);
+        let out = drain(&mut *r);
+        assert_eq!(out.len(), 2, "chunks of {chunk}");
+        assert_eq!(out[0].as_ref().unwrap().get("text"), Some(&s("ok")));
+        let e = out[1].as_ref().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Record);
+        assert_eq!((e.offset, e.record), (Some(open), Some(1)));
+        let msg = e.to_string();
+        assert!(
+            msg.contains(URL)
+                && msg.contains("unterminated quote")
+                && msg.contains(&format!("byte {open} (line 3)")),
+            "{msg}"
+        );
+        // The failed row counts as one record, and the object ends there.
+        assert_eq!(r.record(), 2);
+        assert!(r.next().unwrap().is_none());
+    }
+    // Counting records agrees with reading them.
+    let shard = ShardInfo::new("data.csv", URL);
+    let n = Csv::default()
+        .count_records(&shard, Input::Stream(common::chunked(&text, 100)))
+        .unwrap();
+    assert_eq!(n, 2);
+
+    // In the header, and at the very end of the object, too.
+    for (text, at) in [(&b"a,\"b\n1,2\n"[..], 2), (&b"a,b\n1,\""[..], 6)] {
+        let out = drain(&mut *open_with(Csv::default(), text, 3));
+        let e = out.last().unwrap().as_ref().unwrap_err();
+        assert_eq!(e.offset, Some(at), "{e}");
+    }
+    // A closing quote as the last byte, doubled quotes and quotes inside unquoted fields
+    // are fine.
+    let got = rows(Csv::default(), b"a,b\nx\"y,\"p\"\"q\"\n1,\"end\"", 2);
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].get("a"), Some(&s("x\"y")));
+    assert_eq!(got[0].get("b"), Some(&s("p\"q")));
+    assert_eq!(got[1].get("b"), Some(&s("end")));
+}
