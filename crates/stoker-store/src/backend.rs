@@ -11,7 +11,6 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::http::HttpBuilder;
-use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 
@@ -136,7 +135,7 @@ pub(crate) fn build(
                     .map_err(open_err)?,
             )
         }
-        Scheme::File => Arc::new(LocalFileSystem::new()),
+        Scheme::File => crate::local::open(&url.key, o.follow_symlinks),
         Scheme::Memory => memory_store(&url.bucket),
     };
     Ok(store)

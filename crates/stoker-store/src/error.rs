@@ -2,25 +2,30 @@
 //! reads, the byte range and the number of attempts, so a failure deep inside a pipeline can
 //! be traced to the exact request that caused it.
 //!
+//! Keys and URLs in messages are escaped ([`crate::escape_key`]): a key with control
+//! characters cannot reach a terminal or a log raw through an error.
+//!
 //! Errors are `Clone` (sources are behind `Arc`) because one failed fetch is delivered to every
 //! reader that joined it through the cache's single-flight.
 
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::keys::{Escaped, EscapedError};
+
 /// What went wrong, with the URL and range it went wrong on.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The object (or prefix) does not exist.
-    #[error("object not found: {url}")]
+    #[error("object not found: {}", Escaped(url))]
     NotFound {
         /// The object's URL.
         url: String,
     },
 
     /// A read asked for bytes past the end of the object.
-    #[error("range {}-{} is outside {url}, which has {size} bytes", range.start, range.end)]
+    #[error("range {}-{} is outside {}, which has {size} bytes", range.start, range.end, Escaped(url))]
     RangeOutOfBounds {
         /// The object's URL.
         url: String,
@@ -31,7 +36,7 @@ pub enum Error {
     },
 
     /// A request failed and stayed failed through the retry budget.
-    #[error("reading {url} bytes {}-{} failed after {attempts} attempt(s): {source}", range.start, range.end)]
+    #[error("reading {} bytes {}-{} failed after {attempts} attempt(s): {}", Escaped(url), range.start, range.end, EscapedError(source))]
     Read {
         /// The object's URL.
         url: String,
@@ -44,7 +49,7 @@ pub enum Error {
     },
 
     /// The server returned fewer (or more) bytes than the range holds.
-    #[error("short read of {url} bytes {}-{}: expected {expected} bytes, got {got} (after {attempts} attempt(s))", range.start, range.end)]
+    #[error("short read of {} bytes {}-{}: expected {expected} bytes, got {got} (after {attempts} attempt(s))", Escaped(url), range.start, range.end)]
     ShortRead {
         /// The object's URL.
         url: String,
@@ -60,7 +65,12 @@ pub enum Error {
 
     /// The object changed (a different ETag/version) while it was being read; the parts read so
     /// far are discarded rather than spliced with parts of the new version.
-    #[error("{url} changed while being read (version {expected} became {actual})")]
+    #[error(
+        "{} changed while being read (version {} became {})",
+        Escaped(url),
+        Escaped(expected),
+        Escaped(actual)
+    )]
     Changed {
         /// The object's URL.
         url: String,
@@ -71,7 +81,7 @@ pub enum Error {
     },
 
     /// Metadata (HEAD) or listing failed.
-    #[error("{op} {url} failed: {source}")]
+    #[error("{op} {} failed: {}", Escaped(url), EscapedError(source))]
     Request {
         /// `"head"`, `"list"`, ...
         op: &'static str,
@@ -82,7 +92,7 @@ pub enum Error {
     },
 
     /// The credentials were refused.
-    #[error("access denied to {url}: {source}")]
+    #[error("access denied to {}: {}", Escaped(url), EscapedError(source))]
     PermissionDenied {
         /// The object or prefix URL.
         url: String,
@@ -111,7 +121,7 @@ pub enum Error {
     },
 
     /// The backend could not be configured (missing bucket, bad endpoint, ...).
-    #[error("cannot open {url}: {source}")]
+    #[error("cannot open {}: {}", Escaped(url), EscapedError(source))]
     Open {
         /// The URL being opened.
         url: String,
@@ -120,7 +130,7 @@ pub enum Error {
     },
 
     /// Local I/O (the disk cache) failed.
-    #[error("I/O error on {path}: {source}")]
+    #[error("I/O error on {}: {source}", Escaped(path))]
     Io {
         /// The local path.
         path: String,

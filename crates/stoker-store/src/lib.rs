@@ -57,7 +57,9 @@ mod backend;
 mod body;
 pub mod cache;
 mod error;
+mod keys;
 mod list;
+mod local;
 mod location;
 mod many;
 mod metrics;
@@ -68,6 +70,7 @@ mod reader;
 mod store;
 
 pub use error::{Error, Result};
+pub use keys::{escape_key, is_file_name, key_problem, SkipReason, Skipped};
 pub use list::{ListOptions, Listing};
 pub use location::{Scheme, StoreUrl};
 pub use many::{FetchManyOptions, FetchedObject};

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use object_store::client::{
-    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
+    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpResponseBody, HttpService,
+    ReqwestConnector,
 };
 use object_store::ClientOptions;
 use serde::Serialize;
@@ -311,7 +312,16 @@ impl HttpService for MeteredService {
         let start = Instant::now();
         let h = &self.metrics.http;
         h.requests.fetch_add(1, Ordering::Relaxed);
-        let out = self.inner.execute(req).await;
+        let listing = crate::keys::list_format(req.method().as_str(), req.uri().query());
+        let mut out = self.inner.execute(req).await;
+        // A listing with keys object_store cannot parse: stand-ins for them (keys.rs), so
+        // one such key does not fail the whole listing.
+        if let Some(format) = listing {
+            out = match out {
+                Ok(resp) if resp.status().is_success() => stand_in_bad_keys(resp, format).await,
+                other => other,
+            };
+        }
         h.latency.record(start.elapsed());
         match &out {
             Ok(resp) => {
@@ -330,6 +340,24 @@ impl HttpService for MeteredService {
         }
         out
     }
+}
+
+/// A successful listing response, its body read whole and with stand-ins for the keys that
+/// `object_store` could not parse.
+async fn stand_in_bad_keys(
+    resp: HttpResponse,
+    format: crate::keys::ListFormat,
+) -> Result<HttpResponse, HttpError> {
+    let (mut parts, body) = resp.into_parts();
+    let bytes = body.bytes().await?;
+    let body = match crate::keys::rewrite_listing(&bytes, format) {
+        Some(b) => {
+            parts.headers.remove("content-length");
+            HttpResponseBody::from(b)
+        }
+        None => HttpResponseBody::from(bytes),
+    };
+    Ok(HttpResponse::from_parts(parts, body))
 }
 
 #[cfg(test)]

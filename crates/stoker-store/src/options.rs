@@ -61,6 +61,11 @@ pub struct StoreOptions {
     pub request_timeout: Duration,
     /// Connection timeout. Default 5 s.
     pub connect_timeout: Duration,
+    /// Local files: follow symbolic links that lead out of the root (the directory the
+    /// store was opened on, or the prefix a listing lists). Off by default: such links are
+    /// left out of listings and refused on open (`local.rs`); links inside the root always
+    /// work.
+    pub follow_symlinks: bool,
     /// Extra `object_store` configuration keys passed through unchanged (e.g. `aws_request_payer`).
     pub extra: Vec<(String, String)>,
 }
@@ -90,6 +95,7 @@ impl Default for StoreOptions {
             retry_timeout: Duration::from_secs(180),
             request_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(5),
+            follow_symlinks: false,
             extra: Vec::new(),
         }
     }
@@ -134,6 +140,10 @@ pub const OPTION_KEYS: &[(&str, &str)] = &[
     ("retry_timeout", "seconds before retrying stops"),
     ("request_timeout", "seconds per request"),
     ("connect_timeout", "seconds to connect"),
+    (
+        "follow_symlinks",
+        "local files: follow symbolic links out of the root (true/false)",
+    ),
 ];
 
 impl StoreOptions {
@@ -200,6 +210,7 @@ impl StoreOptions {
             "retry_timeout" => self.retry_timeout = secs()?,
             "request_timeout" => self.request_timeout = secs()?,
             "connect_timeout" => self.connect_timeout = secs()?,
+            "follow_symlinks" => self.follow_symlinks = flag()?,
             k if k.starts_with("aws_") || k.starts_with("google_") || k.starts_with("azure_") => {
                 self.extra.push((k.to_string(), value.to_string()))
             }
@@ -296,6 +307,12 @@ impl StoreOptions {
     /// Sets the per-request timeout.
     pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets whether local symbolic links out of the root are followed.
+    pub fn with_follow_symlinks(mut self, follow: bool) -> Self {
+        self.follow_symlinks = follow;
         self
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
-use stoker_store::{Error, ListOptions, Store, StoreOptions};
+use stoker_store::{Error, ListOptions, SkipReason, Store, StoreOptions};
 use stoker_testserver::{ServerOptions, TestServer};
 
 /// A store plus the prefix the suite may write under.
@@ -347,4 +347,179 @@ async fn listing_a_missing_bucket_is_not_found() {
         .unwrap_err();
     assert!(e.is_not_found(), "{e}");
     assert!(e.to_string().contains("s3://no-such-bucket/data/"), "{e}");
+}
+
+async fn keys_of(store: &Store, prefix: &str) -> Vec<String> {
+    store
+        .list(prefix, &ListOptions::default())
+        .map_ok(|o| o.key)
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+/// Keys with control characters (and a sub-prefix holding one) are left out of every kind
+/// of listing, each named in `skipped`, and the rest of the prefix lists and reads as
+/// before: one such key used to fail the whole listing (object_store cannot parse it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_character_key_does_not_break_its_prefix() {
+    let server = TestServer::start(ServerOptions::new().bucket("keys"))
+        .await
+        .unwrap();
+    for k in [
+        "d/ok.txt",
+        "d/bad\u{1}key",
+        "d/esc\u{1b}]0;pwned\u{7}",
+        "d/sub/x.txt",
+        "d/new\nline/y.txt",
+    ] {
+        server.put_object("keys", k, k.as_bytes()).unwrap();
+    }
+    let opts = small_parts()
+        .with_endpoint(server.endpoint())
+        .with_credentials(server.access_key(), server.secret_key())
+        .with_region(server.region());
+    let store = Store::open("s3://keys/", opts).unwrap();
+
+    let level = store.list_dir("d/").await.unwrap();
+    let objects: Vec<&str> = level.objects.iter().map(|o| o.key.as_str()).collect();
+    assert_eq!(objects, ["d/ok.txt"]);
+    assert_eq!(level.prefixes, ["d/sub/"]);
+    let mut skipped: Vec<(&str, SkipReason)> = level
+        .skipped
+        .iter()
+        .map(|s| (s.key.as_str(), s.reason))
+        .collect();
+    skipped.sort_by_key(|(k, _)| *k);
+    assert_eq!(
+        skipped,
+        [
+            ("d/bad\u{1}key", SkipReason::ControlCharacter),
+            ("d/esc\u{1b}]0;pwned\u{7}", SkipReason::ControlCharacter),
+            ("d/new\nline/", SkipReason::ControlCharacter),
+        ]
+    );
+
+    let (all, skipped) = store
+        .list_all_and_skipped("d/", &ListOptions::default())
+        .await
+        .unwrap();
+    let all: Vec<&str> = all.iter().map(|o| o.key.as_str()).collect();
+    assert_eq!(all, ["d/ok.txt", "d/sub/x.txt"]);
+    assert_eq!(skipped.len(), 3);
+    assert_eq!(keys_of(&store, "d/").await, ["d/ok.txt", "d/sub/x.txt"]);
+    assert!(store.dir_exists("d/sub/").await.unwrap());
+    assert_eq!(&store.get("d/ok.txt").await.unwrap()[..], b"d/ok.txt");
+
+    // The root of the bucket too (the mount checks it before mounting).
+    let top = store.list_dir("").await.unwrap();
+    assert_eq!(top.prefixes, ["d/"]);
+}
+
+/// The same for local directories: names that cannot be keys are skipped and named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_character_file_name_does_not_break_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::write(root.join("ok.txt"), b"ok").unwrap();
+    std::fs::write(root.join("bad\u{1}key"), b"bad").unwrap();
+    std::fs::create_dir(root.join("esc\u{1b}[31m")).unwrap();
+    std::fs::write(root.join("esc\u{1b}[31m/inside"), b"in").unwrap();
+    let store = Store::open(root.to_str().unwrap(), StoreOptions::default()).unwrap();
+    let rk = format!("{}/", root.to_str().unwrap().trim_start_matches('/'));
+    let level = store.list_dir(&rk).await.unwrap();
+    assert_eq!(level.objects.len(), 1);
+    assert_eq!(level.skipped.len(), 2);
+    let (all, skipped) = store
+        .list_all_and_skipped(&rk, &ListOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(skipped.len(), 2);
+    assert_eq!(keys_of(&store, &rk).await, [format!("{rk}ok.txt")]);
+}
+
+/// Local symbolic links: followed inside the root, left out (and counted) when they lead
+/// out of it, refused with the path when opened directly; `follow_symlinks=true` follows
+/// them all. A store over the whole file system (as pipelines share) keeps each listing
+/// inside what it lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlink_out_of_the_root_is_not_followed() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), b"secret").unwrap();
+    std::fs::create_dir(outside.path().join("dir")).unwrap();
+    std::fs::write(outside.path().join("dir/more"), b"more").unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let root = src.path().canonicalize().unwrap();
+    std::fs::create_dir(root.join("sub")).unwrap();
+    std::fs::write(root.join("sub/real"), b"real").unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), root.join("sub/out")).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("dir"), root.join("outdir")).unwrap();
+    std::os::unix::fs::symlink("../sub/real", root.join("sub/in")).unwrap();
+    std::os::unix::fs::symlink("sub", root.join("indir")).unwrap();
+    let rk = root.to_str().unwrap().trim_start_matches('/').to_string();
+    let k = |rel: &str| format!("{rk}/{rel}");
+
+    for store in [
+        Store::open(root.to_str().unwrap(), StoreOptions::default()).unwrap(),
+        Store::open("/", StoreOptions::default()).unwrap(),
+    ] {
+        let (all, skipped) = store
+            .list_all_and_skipped(&k(""), &ListOptions::default())
+            .await
+            .unwrap();
+        let all: Vec<String> = all.into_iter().map(|o| o.key).collect();
+        assert_eq!(
+            all,
+            [
+                k("indir/in"),
+                k("indir/out"),
+                k("indir/real"),
+                k("sub/in"),
+                k("sub/real")
+            ]
+            .iter()
+            .filter(|key| !key.ends_with("/out"))
+            .cloned()
+            .collect::<Vec<_>>()
+        );
+        let skipped: Vec<(String, SkipReason)> =
+            skipped.into_iter().map(|s| (s.key, s.reason)).collect();
+        assert!(
+            skipped.contains(&(k("outdir/"), SkipReason::SymlinkOutOfRoot))
+                && skipped.contains(&(k("sub/out"), SkipReason::SymlinkOutOfRoot)),
+            "{skipped:?}"
+        );
+        let mut flat = keys_of(&store, &k("")).await;
+        flat.sort();
+        assert_eq!(flat, all);
+        assert_eq!(&store.get(&k("sub/in")).await.unwrap()[..], b"real");
+        assert_eq!(&store.get(&k("indir/real")).await.unwrap()[..], b"real");
+    }
+    // Opened directly through the store of the directory: refused, naming the path.
+    let store = Store::open(root.to_str().unwrap(), StoreOptions::default()).unwrap();
+    for rel in ["sub/out", "outdir/more"] {
+        let e = store.get(&k(rel)).await.unwrap_err();
+        assert!(matches!(e, Error::PermissionDenied { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains(rel) && text.contains("symbolic link"),
+            "{text}"
+        );
+        assert!(store.head(&k(rel)).await.is_err());
+    }
+    assert!(store.list_dir(&k("outdir/")).await.is_err());
+    // Allowed explicitly.
+    let follow = Store::open(
+        root.to_str().unwrap(),
+        StoreOptions::from_pairs([("follow_symlinks", "true")]).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(&follow.get(&k("sub/out")).await.unwrap()[..], b"secret");
+    let (all, skipped) = follow
+        .list_all_and_skipped(&k(""), &ListOptions::default())
+        .await
+        .unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert!(all.iter().any(|o| o.key == k("outdir/more")));
 }
