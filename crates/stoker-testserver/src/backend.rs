@@ -18,6 +18,12 @@
 //! * **DeleteObject(s)**: deleting a key that names a directory is a no-op success (s3s-fs
 //!   answers 500, failing a whole DeleteObjects batch); the object's sidecar files and the directories it leaves empty are removed,
 //!   so a later object may take the directory's name.
+//! * **Keys are confined to their bucket.** s3s-fs resolves `BUCKET/KEY` against the root
+//!   without checking that the result stays inside the bucket, so a PUT of
+//!   `x/../../../etc/passwd` would write outside it. Every operation that hands a key to s3s-fs
+//!   (PutObject, CopyObject's source and destination, the multipart operations, deletes) first
+//!   maps it with [`object_path`] and answers `400 InvalidArgument` naming the key when it
+//!   cannot name a file under the bucket's directory (a `..` segment, a NUL, nothing but `/`).
 
 mod list;
 mod meta;
@@ -75,6 +81,27 @@ impl Backend {
             Err(meta::LookupError::NoSuchKey) => Err(s3_error!(NoSuchKey)),
             Err(meta::LookupError::NoSuchBucket) => Err(s3_error!(NoSuchBucket)),
             Err(meta::LookupError::Io(e)) => Err(S3Error::internal_error(e)),
+        }
+    }
+
+    /// Refuses a key that cannot name a file under `bucket`'s directory, before s3s-fs
+    /// (which does not confine keys to their bucket) turns it into a path.
+    fn confined(&self, bucket: &str, key: &str) -> S3Result<PathBuf> {
+        object_path(&self.root, bucket, key).ok_or_else(|| {
+            s3_error!(
+                InvalidArgument,
+                "object key {key:?} cannot name a file under bucket {bucket:?} \
+                 (empty, a '..' segment or a NUL)"
+            )
+        })
+    }
+
+    /// The source of a copy, confined as [`confined`](Self::confined) does.
+    fn confined_source(&self, source: &CopySource) -> S3Result<()> {
+        match source {
+            CopySource::Bucket { bucket, key, .. } => self.confined(bucket, key).map(drop),
+            // Access points and outposts: s3s-fs answers NotImplemented itself.
+            _ => Ok(()),
         }
     }
 
@@ -445,12 +472,9 @@ impl S3 for Backend {
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
-        if !key.ends_with('/') {
-            if let Some(path) = object_path(&self.root, &bucket, &key) {
-                if path.is_dir() {
-                    return s3_ok(DeleteObjectOutput::default());
-                }
-            }
+        let path = self.confined(&bucket, &key)?;
+        if !key.ends_with('/') && path.is_dir() {
+            return s3_ok(DeleteObjectOutput::default());
         }
         let resp = self.fs.delete_object(req).await?;
         self.after_delete(&bucket, &key);
@@ -463,11 +487,25 @@ impl S3 for Backend {
     ) -> S3Result<S3Response<DeleteObjectsOutput>> {
         let bucket = req.input.bucket.clone();
         // Keys naming directories are answered here: s3s-fs would fail the whole batch.
+        // Keys that cannot name a file in the bucket are refused one by one, as S3 reports
+        // a key it cannot delete, before s3s-fs turns them into paths outside the bucket.
         let mut req = req;
         let mut dir_keys = Vec::new();
+        let mut refused = Vec::new();
         req.input.delete.objects.retain(|o| {
-            let is_dir = !o.key.ends_with('/')
-                && object_path(&self.root, &bucket, &o.key).is_some_and(|p| p.is_dir());
+            let Ok(path) = self.confined(&bucket, &o.key) else {
+                refused.push(Error {
+                    code: Some("InvalidArgument".to_owned()),
+                    key: Some(o.key.clone()),
+                    message: Some(format!(
+                        "object key {:?} cannot name a file under bucket {bucket:?}",
+                        o.key
+                    )),
+                    version_id: o.version_id.clone(),
+                });
+                return false;
+            };
+            let is_dir = !o.key.ends_with('/') && path.is_dir();
             if is_dir {
                 dir_keys.push(DeletedObject {
                     key: Some(o.key.clone()),
@@ -488,6 +526,12 @@ impl S3 for Backend {
                 .deleted
                 .get_or_insert_with(Vec::new)
                 .extend(dir_keys);
+        }
+        if !refused.is_empty() {
+            resp.output
+                .errors
+                .get_or_insert_with(Vec::new)
+                .extend(refused);
         }
         Ok(resp)
     }
@@ -533,6 +577,7 @@ impl S3 for Backend {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
+        self.confined(&req.input.bucket, &req.input.key)?;
         self.fs.put_object(req).await
     }
 
@@ -540,6 +585,8 @@ impl S3 for Backend {
         &self,
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
+        self.confined_source(&req.input.copy_source)?;
+        self.confined(&req.input.bucket, &req.input.key)?;
         self.fs.copy_object(req).await
     }
 
@@ -547,6 +594,7 @@ impl S3 for Backend {
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        self.confined(&req.input.bucket, &req.input.key)?;
         self.fs.create_multipart_upload(req).await
     }
 
@@ -554,6 +602,7 @@ impl S3 for Backend {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
+        self.confined(&req.input.bucket, &req.input.key)?;
         self.fs.upload_part(req).await
     }
 
@@ -561,6 +610,8 @@ impl S3 for Backend {
         &self,
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        self.confined_source(&req.input.copy_source)?;
+        self.confined(&req.input.bucket, &req.input.key)?;
         self.fs.upload_part_copy(req).await
     }
 
@@ -568,6 +619,7 @@ impl S3 for Backend {
         &self,
         req: S3Request<ListPartsInput>,
     ) -> S3Result<S3Response<ListPartsOutput>> {
+        self.confined(&req.input.bucket, &req.input.key)?;
         self.fs.list_parts(req).await
     }
 
@@ -575,6 +627,7 @@ impl S3 for Backend {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        self.confined(&req.input.bucket, &req.input.key)?;
         self.fs.complete_multipart_upload(req).await
     }
 
@@ -582,6 +635,7 @@ impl S3 for Backend {
         &self,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.confined(&req.input.bucket, &req.input.key)?;
         self.fs.abort_multipart_upload(req).await
     }
 }

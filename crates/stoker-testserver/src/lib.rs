@@ -26,7 +26,10 @@
 //! of hashing the whole file on every request, so ranged reads of big objects and listings of
 //! many keys stay cheap; conditional GET/HEAD headers are honoured; `encoding-type=url`
 //! listings are encoded; GET bodies stream in 1 MiB chunks. Ranged GETs answer 206 with a
-//! `Content-Range`, a range past the end `416 InvalidRange`. The ETag rule is s3s-fs's own:
+//! `Content-Range`, a range past the end `416 InvalidRange`. Keys are confined to their
+//! bucket: s3s-fs would resolve `x/../../etc/passwd` to a path outside it, so every write,
+//! copy, multipart or delete request whose key has a `..` segment (or cannot name a file
+//! for another reason) is refused with `400 InvalidArgument` naming the key. The ETag rule is s3s-fs's own:
 //! the ETag recorded when the object was uploaded through S3 (so multipart ETags survive),
 //! else the hex MD5 of the content; a record older than the file is ignored as stale.
 //!

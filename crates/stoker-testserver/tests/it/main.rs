@@ -2,6 +2,7 @@
 //! hand-written HTTP/1.1 over TCP).
 
 mod binary;
+mod confinement;
 mod control;
 mod faults;
 mod objects;
