@@ -23,10 +23,10 @@ use fuser::{
     TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
-use stoker_store::{Error, Listing, ObjectInfo, ObjectReader, Store};
+use stoker_store::{escape_key, is_file_name, Error, Listing, ObjectInfo, ObjectReader, Store};
 use tokio::sync::mpsc;
 
-use crate::inode::{Inodes, Kind, Node, ROOT};
+use crate::inode::{Inodes, Kind, Node, Owner, ROOT};
 
 /// Block size reported in `st_blksize`: what `cat` and Python size their buffers from.
 const BLKSIZE: u32 = 1 << 20;
@@ -89,6 +89,8 @@ pub(crate) struct Shared {
     probes: Mutex<HashMap<String, u32>>,
     /// Files of at least this many bytes are opened with direct I/O (`None`: none are).
     direct_io_min: Option<u64>,
+    /// A local source: entries show their own modes and owners.
+    local: bool,
     /// Whether the kernel lets direct-I/O files be memory-mapped (`FUSE_DIRECT_IO_ALLOW_MMAP`,
     /// Linux 6.6+), learnt at `init`: without it no file is opened with direct I/O, since
     /// `mmap` of such a file would fail.
@@ -99,6 +101,13 @@ pub(crate) struct Shared {
 const PROBES_BEFORE_LISTING: u32 = 8;
 
 impl Shared {
+    /// Records `node`'s local modes and owner (nothing for object stores).
+    fn refresh_owner(&self, node: &Node) {
+        if let Some(o) = owner_of(&self.store, &node.key) {
+            *node.owner.lock() = Some(o);
+        }
+    }
+
     /// Whether a file of `size` bytes is opened with direct I/O: its reads go from the
     /// mount's buffers straight into the reader's, not through the kernel's page cache.
     fn direct_io_for(&self, size: u64) -> bool {
@@ -159,7 +168,7 @@ impl Shared {
             tokio::spawn(async move {
                 let _one = lock.lock().await;
                 if let Err(e) = store.list_dir(&prefix).await {
-                    tracing::debug!(prefix, error = %e, "background listing failed");
+                    tracing::debug!(prefix = %escape_key(&prefix), error = %e, "background listing failed");
                 }
             });
         }
@@ -167,21 +176,21 @@ impl Shared {
 
     /// The child `name` of `parent`: a directory shadows an object of the same name.
     async fn lookup(&self, parent: &Node, name: &str) -> Result<Arc<Node>, Errno> {
-        if !valid_name(name) {
+        if !is_file_name(name) {
             return Err(Errno::ENOENT);
         }
         let prefix = parent.dir_prefix();
-        match self
+        let node = match self
             .resolve(prefix, name)
             .await
             .map_err(|e| to_errno(&e, &format!("{prefix}{name}")))?
         {
-            Some(Resolved::Dir) => Ok(self.inodes.child(parent, name, Kind::Dir, None)),
-            Some(Resolved::File(info)) => {
-                Ok(self.inodes.child(parent, name, Kind::File, Some(&info)))
-            }
-            None => Err(Errno::ENOENT),
-        }
+            Some(Resolved::Dir) => self.inodes.child(parent, name, Kind::Dir, None),
+            Some(Resolved::File(info)) => self.inodes.child(parent, name, Kind::File, Some(&info)),
+            None => return Err(Errno::ENOENT),
+        };
+        self.refresh_owner(&node);
+        Ok(node)
     }
 
     /// A file's metadata, asked for again when older than the TTL.
@@ -200,6 +209,7 @@ impl Shared {
         {
             Some(Resolved::File(info)) => {
                 node.set_info(&info);
+                self.refresh_owner(node);
                 Ok(info)
             }
             // Gone, or a directory now (which gets a new inode on the next lookup).
@@ -250,7 +260,7 @@ impl Shared {
             s.ahead_to = to;
             from..to
         };
-        tracing::debug!(dir = parent.key, ?range, "fetching ahead");
+        tracing::debug!(dir = %escape_key(&parent.key), ?range, "fetching ahead");
         let part = self.store.options().part_size;
         let mut bytes = 0u64;
         for o in &objects[range] {
@@ -265,13 +275,17 @@ impl Shared {
             let (store, info) = (self.store.clone(), o.clone());
             tokio::spawn(async move {
                 if let Err(e) = store.prefetch(&info, 0).await {
-                    tracing::debug!(key = info.key, error = %e, "prefetch failed");
+                    tracing::debug!(key = %escape_key(&info.key), error = %e, "prefetch failed");
                 }
             });
         }
     }
 
+    /// A node's attributes. Object stores have no owners or modes: every file shows as
+    /// `0444` and every directory `0555`, owned by the user who mounted. A local source
+    /// shows each entry's own modes and owner.
     fn attr(&self, node: &Node) -> FileAttr {
+        let owner = *node.owner.lock();
         let (kind, size, mtime, perm, nlink) = match node.kind {
             Kind::Dir => (FileType::Directory, 0, self.mounted_at, 0o555, 2),
             Kind::File => {
@@ -281,6 +295,10 @@ impl Shared {
                 });
                 (FileType::RegularFile, size, mtime, 0o444, 1)
             }
+        };
+        let (perm, uid, gid) = match owner {
+            Some(o) => (o.perm, o.uid, o.gid),
+            None => (perm, self.uid, self.gid),
         };
         FileAttr {
             ino: INodeNo(node.ino),
@@ -293,8 +311,8 @@ impl Shared {
             kind,
             perm,
             nlink,
-            uid: self.uid,
-            gid: self.gid,
+            uid,
+            gid,
             rdev: 0,
             blksize: BLKSIZE,
             flags: 0,
@@ -314,7 +332,7 @@ impl Shared {
             let Some(name) = p
                 .strip_prefix(prefix)
                 .and_then(|n| n.strip_suffix('/'))
-                .filter(|n| valid_name(n))
+                .filter(|n| is_file_name(n))
             else {
                 continue;
             };
@@ -327,7 +345,7 @@ impl Shared {
         }
         let dirs = out.len();
         for o in &listing.objects {
-            let Some(name) = o.key.strip_prefix(prefix).filter(|n| valid_name(n)) else {
+            let Some(name) = o.key.strip_prefix(prefix).filter(|n| is_file_name(n)) else {
                 continue;
             };
             // A "directory" of the same name wins (it was listed first).
@@ -345,13 +363,41 @@ impl Shared {
             });
         }
         out.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        if self.local {
+            // A local source: each entry's own modes and owner, one `stat` each, off the
+            // runtime's threads.
+            let nodes: Vec<Arc<Node>> = out.iter().filter_map(|e| self.inodes.get(e.ino)).collect();
+            let store = self.store.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                for n in nodes {
+                    if let Some(o) = owner_of(&store, &n.key) {
+                        *n.owner.lock() = Some(o);
+                    }
+                }
+            })
+            .await;
+        }
         Ok(out)
     }
 }
 
-/// A name a POSIX directory entry can have.
-fn valid_name(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+/// For a local source, `key`'s permission bits and owner as the source has them (what
+/// `default_permissions` then lets the kernel check for every user); `None` for object
+/// stores. Blocking (one `stat`, following symbolic links only inside the source, as reads
+/// do). An entry that cannot be looked at shows as root's, mode 0.
+fn owner_of(store: &Store, key: &str) -> Option<Owner> {
+    use std::os::unix::fs::MetadataExt;
+    Some(match store.local_metadata(key)? {
+        Ok(m) => Owner {
+            perm: (m.mode() & 0o7777) as u16,
+            uid: m.uid(),
+            gid: m.gid(),
+        },
+        Err(e) => {
+            tracing::debug!(key = %escape_key(key), error = %e, "cannot stat a local entry");
+            Owner::NOBODY
+        }
+    })
 }
 
 fn time_of(ms: i64) -> SystemTime {
@@ -372,7 +418,7 @@ fn to_errno(e: &Error, what: &str) -> Errno {
         _ => Errno::EIO,
     };
     if errno != Errno::ENOENT {
-        tracing::warn!(key = what, error = %e, "request failed");
+        tracing::warn!(key = %escape_key(what), error = %e, "request failed");
     }
     errno
 }
@@ -406,6 +452,7 @@ impl StokerFs {
     ) -> (Self, Arc<Shared>) {
         // SAFETY: geteuid and getegid only read the process's credentials.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let store_is_local = store.object_url("").starts_with("file://");
         let shared = Arc::new(Shared {
             store,
             inodes: Inodes::new(root_prefix),
@@ -418,7 +465,11 @@ impl StokerFs {
             scans: Mutex::default(),
             direct_io_min,
             direct_io: AtomicBool::new(false),
+            local: store_is_local,
         });
+        if let Some(root) = shared.inodes.get(ROOT) {
+            shared.refresh_owner(&root);
+        }
         let fs = StokerFs {
             shared: Arc::clone(&shared),
             rt,

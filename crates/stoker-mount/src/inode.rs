@@ -35,6 +35,25 @@ pub(crate) struct FileState {
     pub opened_version: Option<String>,
 }
 
+/// A local source's permission bits and owner for a node, as its file or directory has
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owner {
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Owner {
+    /// What a local entry that can no longer be looked at shows: nothing for anyone but
+    /// root.
+    pub const NOBODY: Owner = Owner {
+        perm: 0,
+        uid: 0,
+        gid: 0,
+    };
+}
+
 #[derive(Debug)]
 pub(crate) struct Node {
     pub ino: u64,
@@ -45,6 +64,9 @@ pub(crate) struct Node {
     pub kind: Kind,
     /// Files only.
     pub file: Mutex<Option<FileState>>,
+    /// Local sources only: the modes and owner of the file or directory (`None`: the
+    /// mount's own, for object stores).
+    pub owner: Mutex<Option<Owner>>,
     /// References the kernel holds (lookups answered minus forgotten).
     lookups: Mutex<u64>,
 }
@@ -89,6 +111,7 @@ impl Inodes {
             key: root_prefix,
             kind: Kind::Dir,
             file: Mutex::new(None),
+            owner: Mutex::new(None),
             lookups: Mutex::new(0),
         });
         Inodes {
@@ -145,6 +168,7 @@ impl Inodes {
                         key,
                         kind,
                         file: Mutex::new(None),
+                        owner: Mutex::new(None),
                         lookups: Mutex::new(0),
                     });
                     self.nodes.write().insert(ino, Arc::clone(&node));

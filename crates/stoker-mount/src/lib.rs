@@ -253,6 +253,9 @@ pub fn mount(
     match std::fs::metadata(mountpoint) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => return Err(bad("not a directory".into())),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Err(bad(stale_hint(mountpoint)));
+        }
         Err(e) => return Err(bad(e.to_string())),
     }
     let path = std::fs::canonicalize(mountpoint).map_err(|e| bad(e.to_string()))?;
@@ -262,6 +265,10 @@ pub fn mount(
     } else {
         SessionACL::Owner
     };
+    // `default_permissions`: the kernel checks every access against the modes and owners the
+    // mount shows (a local source's own; for object stores 0444/0555 owned by whoever
+    // mounted), so with `allow_other` another user reads only what those allow; the daemon,
+    // which may run as root, is never asked to decide.
     let mount_options = vec![
         MountOption::RO,
         MountOption::FSName(options.fs_name.clone()),
@@ -428,10 +435,39 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// What to do about a mount point whose file system's daemon is gone (`ENOTCONN`).
+fn stale_hint(mountpoint: &Path) -> String {
+    format!(
+        "it is a stale mount (transport endpoint not connected: the process that served it \
+         is gone): run `stoker unmount {}` first",
+        mountpoint.display()
+    )
+}
+
 /// Unmounts whatever FUSE file system is mounted at `mountpoint` (with `fusermount3 -u`,
-/// else `umount`). Fails with the tool's message if the file system is busy.
+/// else `umount`), a stale one (its daemon gone) included. Fails with "... is not a mount
+/// point" when nothing is mounted there, and with the tool's message if the file system is
+/// busy.
 pub fn unmount(mountpoint: &Path) -> io::Result<()> {
-    fusermount_unmount(mountpoint, false)
+    // A stale mount cannot be resolved (every look at it is ENOTCONN): its path as given,
+    // made absolute, is what the mount table lists.
+    let path = match std::fs::canonicalize(mountpoint) {
+        Ok(p) => p,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => std::path::absolute(mountpoint)?,
+        Err(e) => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("{}: {e}", mountpoint.display()),
+            ))
+        }
+    };
+    if mount_device(&path).is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a mount point", mountpoint.display()),
+        ));
+    }
+    fusermount_unmount(&path, false)
 }
 
 fn fusermount_unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {

@@ -66,6 +66,10 @@ pub struct StoreArgs {
     /// Any store option as KEY=VALUE (repeatable); see the README for the keys.
     #[arg(short = 'o', long = "option", value_name = "KEY=VALUE", global = true)]
     pub options: Vec<String>,
+    /// Local files: follow symbolic links that lead out of the directory given (by default
+    /// they are left out of listings and refused on open). `-o follow_symlinks=true`.
+    #[arg(long, global = true)]
+    pub follow_symlinks: bool,
 }
 
 impl StoreArgs {
@@ -103,6 +107,9 @@ impl StoreArgs {
         }
         if let Some(s) = self.cache_size {
             o.cache_disk_bytes = s.bytes();
+        }
+        if self.follow_symlinks {
+            o.follow_symlinks = true;
         }
         Ok(o)
     }
@@ -262,7 +269,8 @@ pub struct MountArgs {
     /// Memory for the block cache (default: half of --memory-limit).
     #[arg(long)]
     pub cache_memory: Option<ByteSize>,
-    /// Let other users read the mount (allow_other).
+    /// Let other users read the mount (allow_other); the kernel checks the modes and owners
+    /// the mount shows (a local source's own; 0444 and the mounting user for object stores).
     #[arg(long)]
     pub allow_other: bool,
     /// Files of at least this size are read with direct I/O, past the kernel's page cache

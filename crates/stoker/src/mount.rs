@@ -143,6 +143,5 @@ fn spawn_daemon() -> anyhow::Result<()> {
 }
 
 pub async fn unmount(a: UnmountArgs) -> anyhow::Result<()> {
-    stoker_mount::unmount(&a.mountpoint)
-        .with_context(|| format!("cannot unmount {}", a.mountpoint.display()))
+    stoker_mount::unmount(&a.mountpoint).context("cannot unmount")
 }

@@ -1062,3 +1062,228 @@ fn file_seek_and_read_match() {
     f.read_to_end(&mut tail).unwrap();
     assert_eq!(tail, &src[src.len() - 3..]);
 }
+
+/// A source directory with entries of different modes and owners, readable by everyone
+/// down to its files (so that another user can reach what the modes allow).
+fn local_source() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let src = tempfile::tempdir().unwrap();
+    let p = src.path();
+    let set = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    set(p, 0o755);
+    std::fs::write(p.join("public.txt"), b"public\n").unwrap();
+    set(&p.join("public.txt"), 0o644);
+    std::fs::write(p.join("secret.txt"), b"root only\n").unwrap();
+    set(&p.join("secret.txt"), 0o600);
+    std::fs::write(p.join("nobodys.txt"), b"nobody's\n").unwrap();
+    set(&p.join("nobodys.txt"), 0o600);
+    std::os::unix::fs::chown(p.join("nobodys.txt"), Some(NOBODY), Some(NOBODY)).unwrap();
+    std::fs::create_dir(p.join("private")).unwrap();
+    std::fs::write(p.join("private/inner.txt"), b"inner\n").unwrap();
+    set(&p.join("private/inner.txt"), 0o644);
+    set(&p.join("private"), 0o700);
+    src
+}
+
+const NOBODY: u32 = 65534;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid only reads the process's credentials.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `cat path` as user `nobody`: its output, or the error it printed.
+fn cat_as_nobody(path: &Path) -> Result<String, String> {
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid",
+            &NOBODY.to_string(),
+            "--regid",
+            &NOBODY.to_string(),
+            "--clear-groups",
+            "cat",
+        ])
+        .arg(path)
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8(out.stderr).unwrap())
+    }
+}
+
+#[test]
+fn local_mount_shows_source_modes_and_owner() {
+    use std::os::unix::fs::MetadataExt;
+    if !fuse_or_skip() || !is_root() {
+        return;
+    }
+    let s = server();
+    let src = local_source();
+    let m = Mounted::start(&s, src.path().to_str().unwrap(), &[]);
+    for rel in ["", "public.txt", "secret.txt", "nobodys.txt", "private"] {
+        let want = std::fs::metadata(src.path().join(rel)).unwrap();
+        let got = std::fs::metadata(m.path().join(rel)).unwrap();
+        assert_eq!(
+            (got.mode() & 0o7777, got.uid(), got.gid()),
+            (want.mode() & 0o7777, want.uid(), want.gid()),
+            "{rel:?}"
+        );
+    }
+    // Also through a listing (readdir, then stat of each entry).
+    let long = tool("ls", &["-ln".as_ref(), m.path().as_os_str()]);
+    let line = long.lines().find(|l| l.ends_with("nobodys.txt")).unwrap();
+    assert!(
+        line.starts_with("-rw-------") && line.contains(" 65534 65534 "),
+        "{line}"
+    );
+}
+
+#[test]
+fn allow_other_lets_the_kernel_check_permissions() {
+    if !fuse_or_skip() || !is_root() {
+        return;
+    }
+    let s = server();
+    let src = local_source();
+    let m = Mounted::start(&s, src.path().to_str().unwrap(), &["--allow-other"]);
+    let p = m.path();
+    assert!(std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains(p.to_str().unwrap()) && l.contains("default_permissions")));
+    assert_eq!(cat_as_nobody(&p.join("public.txt")).unwrap(), "public\n");
+    assert_eq!(cat_as_nobody(&p.join("nobodys.txt")).unwrap(), "nobody's\n");
+    let e = cat_as_nobody(&p.join("secret.txt")).unwrap_err();
+    assert!(e.contains("Permission denied"), "{e}");
+    let e = cat_as_nobody(&p.join("private/inner.txt")).unwrap_err();
+    assert!(e.contains("Permission denied"), "{e}");
+    // Root still reads everything.
+    assert_eq!(std::fs::read(p.join("secret.txt")).unwrap(), b"root only\n");
+}
+
+#[test]
+fn a_local_mount_does_not_follow_a_symlink_out_of_its_source() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), b"outside\n").unwrap();
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("real.txt"), b"real\n").unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), src.path().join("escape")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), src.path().join("escdir")).unwrap();
+    std::os::unix::fs::symlink("real.txt", src.path().join("inside")).unwrap();
+    let m = Mounted::start(&s, src.path().to_str().unwrap(), &[]);
+    // Without a listing first (one lookup), then listed.
+    assert!(std::fs::read(m.path().join("escape")).is_err());
+    assert!(std::fs::read(m.path().join("escdir/secret")).is_err());
+    let mut names: Vec<String> = std::fs::read_dir(m.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["inside", "real.txt"]);
+    assert!(std::fs::read(m.path().join("escape")).is_err());
+    assert_eq!(std::fs::read(m.path().join("inside")).unwrap(), b"real\n");
+}
+
+#[test]
+fn a_control_character_key_does_not_break_a_mounted_directory() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    s.put_object(BUCKET, "data/bad\u{1}key", b"x").unwrap();
+    s.put_object(BUCKET, "data/esc\u{1b}[31m/y", b"y").unwrap();
+    // Mounting checks the root's listing first: it must not refuse.
+    let m = Mounted::start(&s, "s3://mnt/", &[]);
+    let names: Vec<String> = std::fs::read_dir(m.path().join("data"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(names.contains(&"f1.bin".to_string()), "{names:?}");
+    assert!(
+        names.iter().all(|n| !n.chars().any(char::is_control)),
+        "{names:?}"
+    );
+    assert_eq!(
+        std::fs::read(m.path().join("data/f2.bin")).unwrap(),
+        pattern(2, 4095)
+    );
+}
+
+#[test]
+fn unmount_of_a_path_not_mounted_says_so() {
+    let s = server();
+    let dir = tempfile::tempdir().unwrap();
+    let out = stoker(&s).arg("unmount").arg(dir.path()).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{} is not a mount point", dir.path().display())),
+        "{err}"
+    );
+    let out = stoker(&s)
+        .args(["unmount", "/nonexistent/stoker-mnt"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/stoker-mnt"), "{err}");
+}
+
+/// Pids of the processes whose command line holds every one of `words`.
+fn pids_with(words: &[&str]) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                words.iter().all(|w| c.contains(w))
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_stale_mount_point_says_how_to_fix_it() {
+    if !fuse_or_skip() {
+        return;
+    }
+    let s = server();
+    let mut m = Mounted::start(&s, "s3://mnt/", &[]);
+    let p = m.path().to_path_buf();
+    // The watcher first, then the daemon: nothing is left to unmount the dead mount.
+    for pid in pids_with(&["stoker-mount-watcher", p.to_str().unwrap()]) {
+        signal(pid as u32, libc::SIGKILL);
+    }
+    let mut child = m.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let e = std::fs::metadata(&p).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    let out = stoker(&s)
+        .args(["mount", "s3://mnt/"])
+        .arg(&p)
+        .args(["--foreground"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("stale mount")
+            && err.contains(&format!("run `stoker unmount {}` first", p.display())),
+        "{err}"
+    );
+    // And that is what fixes it.
+    let out = stoker(&s).arg("unmount").arg(&p).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(std::fs::metadata(&p).unwrap().is_dir());
+    assert!(!is_mounted(&p));
+}
