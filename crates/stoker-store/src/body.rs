@@ -245,7 +245,7 @@ impl Body {
             });
         }
         inner.metrics.resumes.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(url = %self.url(), got = self.received, expected = self.expected(), "body cut short; resuming");
+        tracing::debug!(url = %crate::escape_key(&self.url()), got = self.received, expected = self.expected(), "body cut short; resuming");
         tokio::time::sleep(backoff(self.attempts)).await;
         self.request().await
     }

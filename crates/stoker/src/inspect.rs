@@ -1,10 +1,16 @@
 //! `stoker ls` and `stoker cat`.
+//!
+//! `stoker ls` lists what every other consumer of the store sees (pipelines, `stoker.io.ls`,
+//! the mount): keys that cannot be file names (control characters, `.`, `..`, empty
+//! segments) are left out, and the store names them, escaped, in one warning on stderr.
+//! Keys are printed through [`escape_key`] (a key cannot move the cursor or recolour the
+//! terminal; a backslash shows as `\\`); `--json` prints them exactly, JSON-escaped.
 
 use std::io::Write;
 
 use anyhow::Context;
 use futures::StreamExt;
-use stoker_store::{ListOptions, Store};
+use stoker_store::{escape_key, ListOptions, Store};
 
 use crate::args::{CatArgs, LsArgs};
 
@@ -21,11 +27,11 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<()> {
                 out,
                 "{:>14}  {:<36}  {}",
                 o.size,
-                o.etag.as_deref().unwrap_or("-"),
-                o.key
+                escape_key(o.etag.as_deref().unwrap_or("-")),
+                escape_key(&o.key)
             )
         } else {
-            writeln!(out, "{}", o.key)
+            writeln!(out, "{}", escape_key(&o.key))
         }
     };
     if a.recursive || a.glob.is_some() {
@@ -56,9 +62,9 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<()> {
             if a.json {
                 writeln!(out, "{}", serde_json::json!({ "prefix": p }))?;
             } else if a.long {
-                writeln!(out, "{:>14}  {:<36}  {p}", "PRE", "")?;
+                writeln!(out, "{:>14}  {:<36}  {}", "PRE", "", escape_key(p))?;
             } else {
-                writeln!(out, "{p}")?;
+                writeln!(out, "{}", escape_key(p))?;
             }
         }
         for o in &level.objects {

@@ -116,3 +116,90 @@ fn bench_reads_a_key_file_without_listing_and_names_a_missing_key() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("s3://cli/data/nope.bin"), "{err}");
 }
+
+/// Keys reach the terminal escaped: `stoker ls` prints keys with control or formatting
+/// characters as escapes, names the keys it skips (those that cannot be file names) in one
+/// escaped warning, and errors name keys escaped too; `--json` keeps exact keys.
+#[test]
+fn keys_are_escaped_on_the_terminal() {
+    let s = server();
+    for k in [
+        "odd/bidi\u{202e}txt.exe",
+        "odd/c1\u{9b}2J",
+        "odd/back\\slash",
+        "odd/esc\u{1b}]0;pwned\u{7}",
+        "odd/bad\u{1}key",
+    ] {
+        s.put_object("cli", k, b"x").unwrap();
+    }
+    // NO_COLOR: the log's own colours are not what this looks for.
+    let out = stoker(&s)
+        .env("NO_COLOR", "1")
+        .args(["ls", "s3://cli/odd/"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        text, "odd/back\\\\slash\nodd/bidi\\u{202e}txt.exe\nodd/c1\\u{9b}2J\n",
+        "{text:?}"
+    );
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("2 keys") && err.contains("odd/esc\\x1b]0;pwned\\x07"),
+        "{err:?}"
+    );
+    assert!(err.contains("odd/bad\\x01key"), "{err:?}");
+    for raw in ['\u{1b}', '\u{1}', '\u{7}', '\u{9b}', '\u{202e}'] {
+        assert!(
+            !text.contains(raw) && !err.contains(raw),
+            "{raw:?} reached the terminal"
+        );
+    }
+    assert_eq!(err.lines().count(), 1, "one warning: {err:?}");
+
+    // Recursive listing: the same.
+    let out = stoker(&s)
+        .args(["ls", "-r", "s3://cli/odd/"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
+
+    // JSON: exact keys.
+    let out = stoker(&s)
+        .args(["ls", "--json", "s3://cli/odd/"])
+        .output()
+        .unwrap();
+    let keys: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["key"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "odd/back\\slash",
+            "odd/bidi\u{202e}txt.exe",
+            "odd/c1\u{9b}2J"
+        ]
+    );
+
+    // An error naming a key.
+    let out = stoker(&s)
+        .env("NO_COLOR", "1")
+        .args(["cat", "s3://cli/nope\u{1b}[2J"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("nope\\x1b[2J") && !err.contains('\u{1b}'),
+        "{err:?}"
+    );
+}
