@@ -168,7 +168,8 @@ impl LocalFiles {
     /// Refuses `key` if it is reached through a link out of the store's root. A path that
     /// does not resolve is let through (the operation then reports it as missing).
     pub(crate) fn check(&self, key: &str) -> object_store::Result<()> {
-        if self.follow_symlinks {
+        // A store over the whole file system: everything resolves inside `/`.
+        if self.follow_symlinks || self.root.is_empty() {
             return Ok(());
         }
         let lexical = fs_path(key);
@@ -186,7 +187,7 @@ impl LocalFiles {
     /// Checks the file actually opened for `key`: its path as the kernel has it must still
     /// be inside the root (a link swapped in after [`LocalFiles::check`] is caught here).
     fn check_opened(&self, key: &str, file: &std::fs::File) -> object_store::Result<()> {
-        if self.follow_symlinks {
+        if self.follow_symlinks || self.root.is_empty() {
             return Ok(());
         }
         let Ok(real) = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())) else {
@@ -454,6 +455,31 @@ mod tests {
         assert!(level.skipped.is_empty());
         assert_eq!(level.objects.len(), 3);
         follow.check(&format!("{dir}out")).unwrap();
+    }
+
+    #[test]
+    fn the_file_opened_is_checked_too() {
+        // As if a link out of the root was swapped in between the check and the open.
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"s").unwrap();
+        let src = tempfile::tempdir().unwrap();
+        let root = src.path().canonicalize().unwrap();
+        std::fs::write(root.join("x"), b"x").unwrap();
+        let rk = key_of(&root);
+        let local = LocalFiles::new(&rk, false);
+        let swapped = std::fs::File::open(outside.path().join("secret")).unwrap();
+        let e = local
+            .check_opened(&format!("{rk}/x"), &swapped)
+            .unwrap_err();
+        assert!(
+            matches!(e, object_store::Error::PermissionDenied { .. }),
+            "{e}"
+        );
+        let real = std::fs::File::open(root.join("x")).unwrap();
+        local.check_opened(&format!("{rk}/x"), &real).unwrap();
+        LocalFiles::new(&rk, true)
+            .check_opened(&format!("{rk}/x"), &swapped)
+            .unwrap();
     }
 
     #[test]

@@ -1198,6 +1198,7 @@ fn a_control_character_key_does_not_break_a_mounted_directory() {
         return;
     }
     let s = server();
+    s.put_object(BUCKET, "top\u{1b}[2J", b"x").unwrap();
     s.put_object(BUCKET, "data/bad\u{1}key", b"x").unwrap();
     s.put_object(BUCKET, "data/esc\u{1b}[31m/y", b"y").unwrap();
     // Mounting checks the root's listing first: it must not refuse.
@@ -1211,6 +1212,11 @@ fn a_control_character_key_does_not_break_a_mounted_directory() {
         names.iter().all(|n| !n.chars().any(char::is_control)),
         "{names:?}"
     );
+    let top: Vec<String> = std::fs::read_dir(m.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(top, ["data"]);
     assert_eq!(
         std::fs::read(m.path().join("data/f2.bin")).unwrap(),
         pattern(2, 4095)
