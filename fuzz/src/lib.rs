@@ -9,6 +9,27 @@ use stoker_formats::{ChunkCursor, Format, Input, IterSource, RecordReader, Shard
 /// timeout or this assertion).
 pub const MAX_RECORDS: usize = 200_000;
 
+/// libFuzzer's panic hook aborts on every panic, even one the code under test catches (the
+/// Parquet reader turns the parquet crate's panics on malformed pages into errors): this
+/// hook lets panics raised inside `crate_dir` (a path fragment such as `/parquet-`)
+/// unwind to the code that catches them, and aborts on any other, as libFuzzer's does.
+pub fn abort_on_panics_except_in(crate_dir: &'static str) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info
+                .location()
+                .is_some_and(|l| l.file().contains(crate_dir))
+            {
+                return;
+            }
+            previous(info);
+            std::process::abort();
+        }));
+    });
+}
+
 /// The object the bytes are.
 pub fn shard(name: &str) -> ShardInfo {
     let mut s = ShardInfo::new(name, format!("s3://fuzz/{name}"));

@@ -417,7 +417,23 @@ impl ParquetReader {
     fn advance(&mut self) -> Result<bool, Error> {
         loop {
             if let Some(g) = &mut self.group {
-                match g.decoder.next() {
+                // The parquet crate panics on some malformed pages (a dictionary-encoded page
+                // with no dictionary page, found by fuzzing): a bad file is a bad record
+                // group here, never a crashed pipeline. The decoder is dropped after it.
+                let next =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.decoder.next()));
+                let next = match next {
+                    Ok(next) => next,
+                    Err(panic) => {
+                        let e = Error::record(format!(
+                            "cannot decode row group {}: malformed data ({})",
+                            g.index,
+                            panic_message(&*panic)
+                        ));
+                        return Err(self.fail_group(e));
+                    }
+                };
+                match next {
                     Some(Ok(rb)) => {
                         let at = self.record;
                         let done = if self.columnar {
@@ -987,6 +1003,14 @@ fn lists(
         });
     }
     Ok(out)
+}
+
+/// What a caught panic said.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> &str {
+    p.downcast_ref::<&str>()
+        .copied()
+        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("the decoder panicked")
 }
 
 #[cfg(test)]

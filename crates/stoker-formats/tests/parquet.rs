@@ -442,3 +442,27 @@ fn other_types_map_or_are_refused_by_name() {
     assert!(r.next().unwrap().is_none());
     assert_eq!(r.record(), 3);
 }
+
+#[test]
+fn a_dictionary_page_missing_is_an_error_not_a_panic() {
+    // Found by fuzz/ (target parquet): two bytes of a page header swapped make a
+    // dictionary-encoded page with no dictionary, on which the parquet crate panics.
+    let mut data = fixture("table.zstd.parquet").to_vec();
+    data.swap(15052, 15053);
+    let file: Arc<dyn RandomAccess> = Arc::new(Bytes::from(data));
+    let mut r = Parquet::default()
+        .open(&shard(), Input::Random(file))
+        .unwrap();
+    let mut errors = Vec::new();
+    for _ in 0..100_000 {
+        match r.next() {
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(e) => errors.push(e),
+        }
+    }
+    assert!(!errors.is_empty(), "the damaged page went unnoticed");
+    let e = &errors[0];
+    assert_eq!(e.kind, ErrorKind::Record);
+    assert!(e.to_string().contains("malformed data"), "{e}");
+}
