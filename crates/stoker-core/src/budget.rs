@@ -13,6 +13,16 @@
 //! alone) rather than deadlocking: a 64 MiB budget can still read a 100 MiB object, one window
 //! at a time.
 //!
+//! A thread that is not on an async runtime (a pipeline worker charging a decoded frame
+//! before it allocates it) waits with [`MemoryBudget::reserve_blocking`], which waits for
+//! the same releases (and asks the same reclaimers) as `reserve`, up to a timeout. Such a
+//! waiter has the first claim on what is freed: while one waits, [`try_reserve`] and
+//! [`reserve`] take nothing (they fail, or wait), so that a stream of small reservations
+//! (the source admitting samples) cannot keep a large one (a frame) waiting forever.
+//!
+//! [`try_reserve`]: MemoryBudget::try_reserve
+//! [`reserve`]: MemoryBudget::reserve
+//!
 //! # Reclaimers: caches yield to in-flight work
 //!
 //! A cache charges what it holds to the budget and keeps it until it evicts on its own inserts.
@@ -39,8 +49,11 @@
 //!   it; and it only goes round again after a release, never because a reclaimer merely ran.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -59,6 +72,8 @@ struct Inner {
     used: AtomicU64,
     peak: AtomicU64,
     freed: Notify,
+    /// Threads waiting in [`MemoryBudget::reserve_blocking`] (they go first).
+    first: AtomicUsize,
     reclaimers: Mutex<Vec<Weak<Reclaimer>>>,
     /// Which reclaimer is asked first next time (round robin, so one cache of several sharing
     /// the budget is not always the one that gives).
@@ -85,6 +100,7 @@ impl MemoryBudget {
                 used: AtomicU64::new(0),
                 peak: AtomicU64::new(0),
                 freed: Notify::new(),
+                first: AtomicUsize::new(0),
                 reclaimers: Mutex::new(Vec::new()),
                 next_reclaimer: AtomicUsize::new(0),
             }),
@@ -117,8 +133,17 @@ impl MemoryBudget {
         self.inner.peak.load(Ordering::Relaxed)
     }
 
-    /// Reserves `bytes` now if they are free; `None` otherwise. Never waits.
+    /// Reserves `bytes` now if they are free; `None` otherwise. Never waits. Fails while a
+    /// thread waits in [`reserve_blocking`](Self::reserve_blocking) (it goes first).
     pub fn try_reserve(&self, bytes: u64) -> Option<Reservation> {
+        if self.inner.first.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        self.take(bytes)
+    }
+
+    /// [`try_reserve`](Self::try_reserve), whoever waits.
+    fn take(&self, bytes: u64) -> Option<Reservation> {
         let bytes = bytes.min(self.inner.limit);
         let mut used = self.inner.used.load(Ordering::Acquire);
         loop {
@@ -151,19 +176,32 @@ impl MemoryBudget {
     /// asked to give back the shortfall (a cache evicts its coldest blocks); only if that is
     /// not enough does it wait for someone to release bytes.
     pub async fn reserve(&self, bytes: u64) -> Reservation {
+        self.reserve_as(bytes, false).await
+    }
+
+    /// [`reserve`](Self::reserve); `first`: for a thread in
+    /// [`reserve_blocking`](Self::reserve_blocking), which others wait for.
+    async fn reserve_as(&self, bytes: u64, first: bool) -> Reservation {
         let want = bytes.min(self.inner.limit);
+        let attempt = |b: &MemoryBudget| {
+            if first {
+                b.take(want)
+            } else {
+                b.try_reserve(want)
+            }
+        };
         loop {
             let notified = self.inner.freed.notified();
             tokio::pin!(notified);
             // Register interest before checking, so a release between the check and the
             // await (including one made by a reclaimer below) is not missed.
             notified.as_mut().enable();
-            if let Some(r) = self.try_reserve(want) {
+            if let Some(r) = attempt(self) {
                 return r;
             }
             let shortfall = want.saturating_sub(self.available());
             if shortfall > 0 && self.reclaim(shortfall) > 0 {
-                if let Some(r) = self.try_reserve(want) {
+                if let Some(r) = attempt(self) {
                     return r;
                 }
                 // Someone else took what was freed. The release notified us, so the await
@@ -171,6 +209,47 @@ impl MemoryBudget {
                 // follows a real release, so this cannot spin on a reclaimer with nothing left.
             }
             notified.await;
+        }
+    }
+
+    /// [`reserve`](Self::reserve) on a thread that is not on an async runtime: waits (the
+    /// thread sleeps until bytes are released, asking the reclaimers as `reserve` does) for
+    /// at most `timeout`; `None` when the bytes did not become free in that time. A request
+    /// larger than the limit is clamped to the limit, as in `reserve`.
+    ///
+    /// While it waits, it has the first claim on freed bytes: [`try_reserve`](Self::try_reserve)
+    /// and `reserve` take nothing until no thread waits here (waiters here compete among
+    /// themselves).
+    pub fn reserve_blocking(&self, bytes: u64, timeout: Duration) -> Option<Reservation> {
+        if let Some(r) = self.try_reserve(bytes) {
+            return Some(r);
+        }
+        self.inner.first.fetch_add(1, Ordering::AcqRel);
+        let r = self.wait_first(bytes, timeout);
+        if self.inner.first.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The others may go again.
+            self.inner.freed.notify_waiters();
+        }
+        r
+    }
+
+    /// The wait of [`reserve_blocking`](Self::reserve_blocking).
+    fn wait_first(&self, bytes: u64, timeout: Duration) -> Option<Reservation> {
+        let deadline = Instant::now() + timeout;
+        let fut = self.reserve_as(bytes, true);
+        let mut fut = std::pin::pin!(fut);
+        let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            if let Poll::Ready(r) = fut.as_mut().poll(&mut cx) {
+                return Some(r);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            // A release unparks the thread (and a stray unpark only means one more poll).
+            std::thread::park_timeout(deadline - now);
         }
     }
 
@@ -219,6 +298,18 @@ impl MemoryBudget {
         }
         self.inner.used.fetch_sub(bytes, Ordering::AcqRel);
         self.inner.freed.notify_waiters();
+    }
+}
+
+/// Wakes a thread parked in [`MemoryBudget::reserve_blocking`].
+struct ThreadWaker(std::thread::Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
     }
 }
 
@@ -339,6 +430,55 @@ mod tests {
         drop(r);
         assert_eq!(waiter.await.unwrap(), 50);
         assert_eq!(b.used(), 0);
+    }
+
+    #[test]
+    fn reserve_blocking_waits_for_a_release_on_another_thread_and_times_out_without() {
+        let b = MemoryBudget::new(100);
+        let r = b.try_reserve(80).unwrap();
+        // Nobody releases: it gives up after the timeout, holding nothing.
+        let t0 = std::time::Instant::now();
+        assert!(b.reserve_blocking(50, Duration::from_millis(50)).is_none());
+        assert!(t0.elapsed() >= Duration::from_millis(50));
+        assert_eq!(b.used(), 80);
+        // A release on another thread wakes it well before its timeout.
+        let b2 = b.clone();
+        let waiter = std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            let got = b2
+                .reserve_blocking(50, Duration::from_secs(30))
+                .map(|r| r.bytes());
+            (got, t0.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        drop(r);
+        let (got, took) = waiter.join().unwrap();
+        assert_eq!(got, Some(50));
+        assert!(took < Duration::from_secs(10), "woke after {took:?}");
+        assert_eq!(b.used(), 0);
+        // Free bytes are taken at once.
+        assert_eq!(
+            b.reserve_blocking(100, Duration::ZERO).unwrap().bytes(),
+            100
+        );
+    }
+
+    #[test]
+    fn a_blocked_waiter_goes_before_new_reservations() {
+        let b = MemoryBudget::new(100);
+        let r = b.try_reserve(60).unwrap();
+        let b2 = b.clone();
+        let waiter =
+            std::thread::spawn(move || b2.reserve_blocking(80, Duration::from_secs(30)).is_some());
+        while b.inner.first.load(Ordering::Acquire) == 0 {
+            std::thread::yield_now();
+        }
+        // 40 bytes are free, but the waiter came first: small reservations wait.
+        assert!(b.try_reserve(10).is_none());
+        drop(r);
+        assert!(waiter.join().unwrap());
+        // The waiter is served (and gone): others may reserve again.
+        assert!(b.try_reserve(10).is_some());
     }
 
     #[tokio::test]

@@ -51,7 +51,8 @@ mod scratch;
 pub use color::{ColorJitter, GaussianBlur, Grayscale};
 pub use convert::{ConvertDType, Layout, ToLayout, ToTensor};
 pub use decode::{
-    decode_image, image_info, ColorMode, DecodeImage, ImageFormat, ImageInfo, DEFAULT_MAX_PIXELS,
+    decode_image, decode_image_charged, image_info, ColorMode, DecodeImage, ImageFormat, ImageInfo,
+    DEFAULT_MAX_PIXELS,
 };
 pub use fused::DecodeRandomResizedCrop;
 pub use geometry::{

@@ -241,13 +241,25 @@ fn fused_flip_and_to_tensor_equal_the_separate_kernels_bit_for_bit() {
                 // Into a batch slot: the same tensor, its bytes in the slot.
                 let slots = BatchSlots::new(2);
                 let mut slot = None;
+                let mut lease = |len| {
+                    let l = slots.lease(0, 1, len)?;
+                    slot = Some(l.as_ptr());
+                    Some(l)
+                };
+                let mut charged = 0u64;
                 let got = op
-                    .apply_into(&data, &mut c0.clone(), Some(&mut f0.clone()), &mut |len| {
-                        let l = slots.lease(0, 1, len)?;
-                        slot = Some(l.as_ptr());
-                        Some(l)
-                    })
+                    .apply_into(
+                        &data,
+                        &mut c0.clone(),
+                        Some(&mut f0.clone()),
+                        &mut lease,
+                        &mut |n| {
+                            charged += n;
+                            Ok(())
+                        },
+                    )
                     .unwrap();
+                assert!(charged > 0, "the kernel charges what it allocates");
                 assert_eq!(got, want, "{name} {h}x{w} seed {seed} (in a slot)");
                 assert!(slot.is_none() || op.to_tensor.is_some());
                 if let Some(p) = slot {

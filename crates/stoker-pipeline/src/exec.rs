@@ -242,8 +242,37 @@ fn chunk_cap(cost_ns: u64) -> usize {
 }
 /// Most items in one hand-off to the consumer.
 const OUT_CHUNK: usize = 32;
-/// How long the source waits for budget before it calls the budget too small.
+/// How long the source, or an operator charging a sample's buffers, waits for budget
+/// before it calls the budget too small.
 const BUDGET_WAIT: Duration = Duration::from_secs(10);
+
+/// [`BUDGET_WAIT`], or `STOKER_BUDGET_WAIT_S` seconds when that is set (tests of a full
+/// budget set it short); read when a run starts.
+fn budget_wait() -> Duration {
+    std::env::var("STOKER_BUDGET_WAIT_S")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map_or(BUDGET_WAIT, Duration::from_secs_f64)
+}
+
+/// The error of a source that waited `wait` for `n` bytes to admit its next sample.
+fn budget_full(limit: u64, wait: Duration, n: u64) -> String {
+    format!(
+        "the memory budget ({}) stayed full for {} s while the source waited for {} to \
+         admit its next sample; this is not about one sample: what the pipeline must hold \
+         at once (the shuffle buffer, the batch being filled, the queues, samples waiting \
+         for one ahead of them) needs more than the budget; raise memory_limit or make the \
+         shuffle buffer or the batch smaller",
+        crate::ops::size(limit),
+        wait.as_secs_f64(),
+        crate::ops::size(n)
+    )
+}
+
+/// The run's memory budget and how long an operator waits in it (see
+/// [`OpContext::reserve`]).
+type Charging<'a> = (&'a MemoryBudget, Duration);
 const SHUFFLE_PICK: u64 = 0x5348_5546;
 
 /// The physical plan: producer ops (parallel) and tail stages (sequential).
@@ -848,6 +877,20 @@ struct Shared {
     /// The batch stage's slots, when the producer's last operator feeds it directly (see
     /// [`batch_slots`]).
     slots: Option<Arc<BatchSlots>>,
+    /// The run's memory budget, which operators charge their buffers to (see
+    /// [`OpContext::reserve`]).
+    budget: MemoryBudget,
+    /// How long the source and the operators wait for budget ([`budget_wait`]).
+    budget_wait: Duration,
+    /// A sample has been through the workers' operators, so the source's estimate of what
+    /// a sample becomes is a measurement, not a guess: until then it admits one sample.
+    warm: AtomicBool,
+}
+
+impl Shared {
+    fn charging(&self) -> Charging<'_> {
+        (&self.budget, self.budget_wait)
+    }
 }
 
 /// A running pipeline: an iterator of items, with [`Run::state`] and [`Run::stats`].
@@ -1097,6 +1140,9 @@ impl Run {
             active: AtomicUsize::new(threads),
             sample_cost_ns: AtomicU64::new(0),
             slots: batch_slots(&ph, cfg.columnar.is_some(), p.options.deterministic),
+            budget: budget.clone(),
+            budget_wait: budget_wait(),
+            warm: AtomicBool::new(false),
         });
         shared
             .stats
@@ -1568,7 +1614,7 @@ fn worker(
                 if let Some(s) = &stage {
                     s.add(&s.wait_ns, t0.elapsed().as_nanos() as u64);
                 }
-                let done = run_par(work, seed, ds);
+                let done = run_par(work, seed, ds, shared.charging());
                 if par.as_ref().is_none_or(|(_, tx)| tx.send(done).is_err()) {
                     return;
                 }
@@ -1591,7 +1637,8 @@ fn worker(
         let slots = shared.slots.as_ref();
         for p in chunk {
             let stages = (stage.as_deref(), collating.as_deref());
-            results.push(run_one(p, (producer, slots), seed, epoch, ds, stages));
+            let ops = (producer, slots, shared.charging());
+            results.push(run_one(p, ops, seed, epoch, ds, stages));
         }
         let busy = t1.elapsed().as_nanos() as u64;
         if let Some(s) = &stage {
@@ -1602,6 +1649,9 @@ fn worker(
             let old = shared.sample_cost_ns.load(Ordering::Relaxed);
             let new = if old == 0 { cost } else { (old * 3 + cost) / 4 };
             shared.sample_cost_ns.store(new, Ordering::Relaxed);
+        }
+        if !shared.warm.load(Ordering::Relaxed) {
+            shared.warm.store(true, Ordering::Release);
         }
         if tx.send(Done::Items(results)).is_err() {
             return;
@@ -1615,7 +1665,7 @@ type ProducerOp = (usize, Arc<dyn SampleOp>);
 /// One sample through the producer operators (a panic in an operator is its error).
 fn run_one(
     p: Produced,
-    (producer, slots): (&[ProducerOp], Option<&Arc<BatchSlots>>),
+    (producer, slots, budget): (&[ProducerOp], Option<&Arc<BatchSlots>>, Charging<'_>),
     seed: u64,
     epoch: u64,
     ds: &Dataset,
@@ -1648,7 +1698,7 @@ fn run_one(
         Produced::Elem(el) => {
             let seq = el.seq;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                apply_producer(el, (producer, slots), seed, epoch, ds)
+                apply_producer(el, (producer, slots, budget), seed, epoch, ds)
             }));
             (
                 seq,
@@ -1676,14 +1726,22 @@ fn run_one(
 
 fn apply_producer(
     mut el: Element,
-    (producer, slots): (&[ProducerOp], Option<&Arc<BatchSlots>>),
+    (producer, slots, budget): (&[ProducerOp], Option<&Arc<BatchSlots>>, Charging<'_>),
     seed: u64,
     epoch: u64,
     ds: &Dataset,
 ) -> Result<Option<Element>, Error> {
     let before = el.sample.size_bytes();
+    // The most the sample needed at once (its bytes and what an operator charged).
+    let mut peak = 0u64;
+    let mut now = before;
     for (k, (i, op)) in producer.iter().enumerate() {
-        let mut ctx = OpContext::new(seed, epoch, el.pos.shard, el.pos.record, *i);
+        let mut ctx = OpContext::new(seed, epoch, el.pos.shard, el.pos.record, *i).with_budget(
+            budget.0,
+            el.hold.take(),
+            now as u64,
+            budget.1,
+        );
         if let Some(s) = slots.filter(|_| k + 1 == producer.len()) {
             ctx = ctx.with_batch_slots(s.clone(), el.seq);
         }
@@ -1692,8 +1750,17 @@ fn apply_producer(
                 .with_object(ds.shards[el.pos.shard as usize].url.clone())
                 .with_record(el.pos.record)
         };
-        match op.apply(el.sample, &mut ctx).map_err(locate)? {
-            Some(s) => el.sample = s,
+        let r = op.apply(el.sample, &mut ctx);
+        let (hold, need) = ctx.take_hold();
+        el.hold = hold;
+        peak = peak.max(need.unwrap_or(0));
+        match r.map_err(locate)? {
+            Some(s) => {
+                el.sample = s;
+                if k + 1 < producer.len() {
+                    now = el.sample.size_bytes();
+                }
+            }
             None => {
                 let meta = op.meta();
                 if !meta.filters {
@@ -1707,7 +1774,7 @@ fn apply_producer(
         }
     }
     if !producer.is_empty() {
-        charge_growth(&mut el, before, Some(ds));
+        charge_growth(&mut el, before, peak, Some(ds));
     }
     Ok(Some(el))
 }
@@ -1718,23 +1785,32 @@ fn apply_producer(
 /// Before the first sample is measured (0), a sample is reserved as a sixteenth of the
 /// budget at least, so that however much the operators grow them, at most about 16 are
 /// admitted before the first measurement (a few milliseconds).
+///
+/// It is at most three quarters of the budget: a sample reserved as the whole budget would
+/// wait for everything else to be given back, a partial batch included, which waits for
+/// it. (Its operators charge what they find they need, and may then wait for the rest.)
 fn expected_bytes(ds: &Dataset, read: u64, limit: u64) -> u64 {
-    match ds.growth.load(Ordering::Relaxed) {
+    let n = match ds.growth.load(Ordering::Relaxed) {
         0 => read.max(limit / 16),
         g => ((read as u128 * g as u128) / crate::source::GROWTH_ONE as u128).min(u64::MAX as u128)
             as u64,
-    }
+    };
+    n.min(limit / 4 * 3)
 }
 
 /// The budget holds what a sample is after its operators, `before` bytes when they began
 /// (a decoded image is several times its file), and the growth is learnt for the next
 /// reservations when `ds` is given (a moving average, so one odd sample moves it by an
-/// eighth).
-fn charge_growth(el: &mut Element, before: usize, ds: Option<&Dataset>) {
+/// eighth). What is learnt is the most the sample needed at once, `peak` when its
+/// operators charged more than it ended with (a decoded frame that a crop made small):
+/// the source then admits a sample with room for its operators' buffers, so a worker
+/// seldom has to wait for them.
+fn charge_growth(el: &mut Element, before: usize, peak: u64, ds: Option<&Dataset>) {
     let after = el.sample.size_bytes();
     if let Some(ds) = ds.filter(|_| before > 0) {
         let one = crate::source::GROWTH_ONE as u128;
-        let g = ((after as u128 * one) / before as u128).min(1 << 40) as u64;
+        let most = (after as u128).max(peak as u128);
+        let g = ((most * one) / before as u128).min(1 << 40) as u64;
         let _ = ds
             .growth
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
@@ -1752,7 +1828,7 @@ fn charge_growth(el: &mut Element, before: usize, ds: Option<&Dataset>) {
 
 /// A parallel stage's items through its operators, on a worker (a panic in an operator is
 /// that item's error).
-fn run_par(work: ParWork, seed: u64, ds: &Dataset) -> ParDone {
+fn run_par(work: ParWork, seed: u64, ds: &Dataset, budget: Charging<'_>) -> ParDone {
     let ParWork {
         stage,
         epoch,
@@ -1763,7 +1839,7 @@ fn run_par(work: ParWork, seed: u64, ds: &Dataset) -> ParDone {
     let n = items.len() as u64;
     let results = items
         .into_iter()
-        .map(|(t, flow, up)| (t, run_par_one(flow, &run, seed, epoch, ds), up))
+        .map(|(t, flow, up)| (t, run_par_one(flow, &run, (seed, epoch), ds, budget), up))
         .collect();
     run.note_cost(t0.elapsed(), n);
     ParDone { stage, results }
@@ -1774,13 +1850,13 @@ fn run_par(work: ParWork, seed: u64, ds: &Dataset) -> ParDone {
 fn run_par_one(
     flow: Flow,
     run: &ParOps,
-    seed: u64,
-    epoch: u64,
+    (seed, epoch): (u64, u64),
     ds: &Dataset,
+    budget: Charging<'_>,
 ) -> Result<Option<Flow>, Error> {
     let pos = flow.key().pos();
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        apply_par(flow, run, seed, epoch, ds)
+        apply_par(flow, run, (seed, epoch), ds, budget)
     }))
     .unwrap_or_else(|p| {
         Err(locate(
@@ -1801,23 +1877,27 @@ fn run_par_one(
 fn apply_par(
     flow: Flow,
     run: &ParOps,
-    seed: u64,
-    epoch: u64,
+    (seed, epoch): (u64, u64),
     ds: &Dataset,
+    budget: Charging<'_>,
 ) -> Result<Option<Flow>, Error> {
     match flow {
         Flow::Elem(mut el, cut) => {
             let before = el.sample.size_bytes();
+            let mut now = before;
             for ((i, op), c) in run.ops.iter().zip(&run.counters) {
                 c.add(&c.items_in, 1);
                 let t0 = Instant::now();
-                let mut cx = OpContext::new(seed, epoch, el.pos.shard, el.pos.record, *i);
+                let mut cx = OpContext::new(seed, epoch, el.pos.shard, el.pos.record, *i)
+                    .with_budget(budget.0, el.hold.take(), now as u64, budget.1);
                 let r = op.apply(el.sample, &mut cx);
+                el.hold = cx.take_hold().0;
                 c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
                 let locate = |e: Error| locate(ds, e.with_stage(op.meta().name), el.pos);
                 match r.map_err(locate)? {
                     Some(s) => {
                         el.sample = s;
+                        now = el.sample.size_bytes();
                         c.add(&c.items_out, 1);
                     }
                     None => {
@@ -1834,7 +1914,7 @@ fn apply_par(
             }
             // Charged, not learnt: the source's estimate is for the operators before the
             // sequential stage.
-            charge_growth(&mut el, before, None);
+            charge_growth(&mut el, before, 0, None);
             Ok(Some(Flow::Elem(el, cut)))
         }
         Flow::Batch(mut b, members, hold) => {
@@ -2097,6 +2177,10 @@ impl TailCtx {
                 let window = self.window;
                 let stage = self.shared.stats.stage(0);
                 let budget = self.budget.clone();
+                let wait = self.shared.budget_wait;
+                // Operators before the tail make samples into what the budget holds: until
+                // one is measured, admit one sample at a time.
+                let gate = !self.producer.is_empty() && self.cfg.columnar.is_none();
                 let rt = self.ds.runtime.clone();
                 std::thread::Builder::new()
                     .name("stoker-source".into())
@@ -2126,49 +2210,39 @@ impl TailCtx {
                                 // The sample's bytes count against the budget until the
                                 // consumer takes it: a full budget stops the source.
                                 let held = match &mut p {
-                                    Produced::Elem(e) => Some((
-                                        e.sample.size_bytes() as u64,
-                                        &mut e.hold,
-                                        e.seq,
-                                        e.pos,
-                                    )),
-                                    Produced::Rows {
-                                        parts,
-                                        hold,
-                                        seq,
-                                        positions,
-                                        ..
-                                    } => Some((
+                                    Produced::Elem(e) => {
+                                        Some((e.sample.size_bytes() as u64, &mut e.hold))
+                                    }
+                                    Produced::Rows { parts, hold, .. } => Some((
                                         parts.iter().map(|c| c.size_bytes() as u64).sum(),
                                         hold,
-                                        *seq,
-                                        positions[0],
                                     )),
                                     Produced::Fail { .. } => None,
                                 };
-                                if let Some((n, slot, seq, pos)) = held {
+                                if let Some((n, slot)) = held {
                                     // What the sample will be after the workers' operators
                                     // (the worker sets it right).
                                     let n = expected_bytes(&ds, n, budget.limit());
                                     let hold = budget.try_reserve(n).or_else(|| {
                                         rt.block_on(async {
-                                            tokio::time::timeout(BUDGET_WAIT, budget.reserve(n))
-                                                .await
+                                            tokio::time::timeout(wait, budget.reserve(n)).await
                                         })
                                         .ok()
                                     });
                                     match hold {
                                         Some(h) => *slot = Some(h),
                                         None => {
-                                            let error = Error::invalid(format!(
-                                                "the memory budget ({} MiB) stayed full for {} s: \
-                                             the shuffle buffer, the queues and the batch \
-                                             being filled need more than it holds; raise \
-                                             memory_limit or make the shuffle buffer smaller",
-                                                budget.limit() >> 20,
-                                                BUDGET_WAIT.as_secs()
-                                            ));
-                                            p = Produced::Fail { seq, pos, error };
+                                            // Not about the sample it was admitting (any
+                                            // would have waited): the run's error, named
+                                            // after what waited, never skipped.
+                                            let error = Error::invalid(budget_full(
+                                                budget.limit(),
+                                                wait,
+                                                n,
+                                            ))
+                                            .with_stage("source");
+                                            let _ = done_tx2.send(Done::Fatal(error));
+                                            return false;
                                         }
                                     }
                                 }
@@ -2201,6 +2275,19 @@ impl TailCtx {
                                 let cap = chunk_cap(shared.sample_cost_ns.load(Ordering::Relaxed));
                                 if full || chunk.len() >= cap || work_tx.is_empty() {
                                     ok = flush(&mut chunk, &mut hist);
+                                }
+                                if gate && !shared.warm.load(Ordering::Acquire) {
+                                    // Samples admitted on a guess (a sixteenth of the
+                                    // budget) would each hold part of what their operators
+                                    // then charge (decoded frames) and wait for the rest of
+                                    // it together; the first measured sample sets the guess
+                                    // right (`expected_bytes`).
+                                    ok = ok && flush(&mut chunk, &mut hist);
+                                    while !shared.warm.load(Ordering::Acquire)
+                                        && !shared.stop.load(Ordering::Relaxed)
+                                    {
+                                        std::thread::sleep(Duration::from_millis(1));
+                                    }
                                 }
                                 if full {
                                     // Stay within the window of the tail.
@@ -2466,7 +2553,8 @@ impl TailRun<'_> {
             Some(c) => &c.ops[..],
             None => &ctx.producer[..],
         };
-        let el = apply_producer(el, (producer, None), ctx.seed, self.epoch, &ctx.ds)?
+        let ops = (producer, None, ctx.shared.charging());
+        let el = apply_producer(el, ops, ctx.seed, self.epoch, &ctx.ds)?
             .ok_or_else(|| Error::invalid("a buffered sample is filtered out on resume"))?;
         self.tail_maps(el, 0, at)
     }
@@ -2795,7 +2883,14 @@ impl TailRun<'_> {
     fn run_inline(&mut self, i: usize, item: Flow) {
         let run = self.par(i).run.clone();
         let t0 = Instant::now();
-        let r = run_par_one(item, &run, self.ctx.seed, self.epoch, &self.ctx.ds);
+        let ctx = self.ctx;
+        let r = run_par_one(
+            item,
+            &run,
+            (ctx.seed, self.epoch),
+            &ctx.ds,
+            ctx.shared.charging(),
+        );
         run.note_cost(t0.elapsed(), 1);
         match r {
             Ok(Some(flow)) => self.push(i + run.ops.len(), flow),

@@ -5,6 +5,13 @@
 //! ([`fuse`]) into one kernel that decodes only the crop's region at the smallest DCT
 //! scale that still covers the output: the same crop box (the same draws from the same
 //! generator), far fewer pixels decoded.
+//!
+//! Every operator here charges the buffers it allocates for a sample to the run's memory
+//! budget before it allocates them ([`OpContext::reserve`]): a decode (or the fused
+//! kernel) from the image's header, once it has checked the pixel limit; a resize or a
+//! crop from the sizes of its input and box; the other kernels their outputs and
+//! intermediates. So a decoded frame waits for room like any other sample's bytes, and
+//! one that could never fit is an error naming its sample.
 
 use std::sync::Arc;
 
@@ -319,6 +326,16 @@ fn image_field<'a>(s: &'a Sample, field: &str, op: &str) -> Result<&'a Tensor, E
     }
 }
 
+/// An image tensor's bytes.
+fn bytes(img: &Tensor) -> u64 {
+    img.data().len() as u64
+}
+
+/// An `[H, W, C]` image's channels (1 for a 2-D one).
+fn channels(img: &Tensor) -> usize {
+    img.shape().get(2).copied().unwrap_or(1)
+}
+
 fn encoded_field<'a>(s: &'a Sample, field: &str, op: &str) -> Result<&'a [u8], Error> {
     match s.require(field)? {
         Value::Bytes(b) => Ok(b),
@@ -339,11 +356,14 @@ pub(crate) fn apply(
         let (field, out): (&str, Tensor) = match b {
             Builtin::DecodeImage { field, .. } => {
                 let data = encoded_field(&s, field, "decode_image")?;
-                (field, decoder(b)?.apply(data)?)
+                let out = decoder(b)?.apply_charged(data, &mut |n| ctx.reserve(n))?;
+                (field, out)
             }
             Builtin::RandomResizedCrop { field, .. } => {
                 let img = image_field(&s, field, "random_resized_crop")?;
-                (field, rrc(b)?.apply(img, ctx.rng())?)
+                let (rng, mut charger) = ctx.rng_and_charger();
+                let out = rrc(b)?.apply_charged(img, rng, &mut |n| charger.charge(n))?;
+                (field, out)
             }
             Builtin::Resize {
                 field,
@@ -354,11 +374,13 @@ pub(crate) fn apply(
                 let (h, w) = size.hw();
                 let mut r = Resize::new(h, w).interpolation(interpolation("resize", i.as_deref())?);
                 r.antialias = antialias.unwrap_or(true);
-                (field, r.apply(image_field(&s, field, "resize")?)?)
+                let img = image_field(&s, field, "resize")?;
+                (field, r.apply_charged(img, &mut |n| ctx.reserve(n))?)
             }
             Builtin::CenterCrop { field, size } => {
                 let (h, w) = size.hw();
                 let img = image_field(&s, field, "center_crop")?;
+                ctx.reserve((h * w * channels(img)) as u64)?;
                 (field, CenterCrop::new(h, w).apply(img)?)
             }
             Builtin::RandomCrop {
@@ -376,6 +398,18 @@ pub(crate) fn apply(
                     c = c.padding(Pad::new(padding("random_crop", p)?).fill(*fill).mode(pm));
                 }
                 let img = image_field(&s, field, "random_crop")?;
+                // The padded image (when padded) and the crop.
+                let [l, t, r, bt] = match p {
+                    Some(p) => padding("random_crop", p)?,
+                    None => [0; 4],
+                };
+                let sh = img.shape();
+                let (ih, iw) = (
+                    sh.first().copied().unwrap_or(0),
+                    sh.get(1).copied().unwrap_or(0),
+                );
+                let padded = (ih + t + bt).max(h) * (iw + l + r).max(w);
+                ctx.reserve(((padded + h * w) * channels(img)) as u64)?;
                 (field, c.apply(img, ctx.rng())?)
             }
             Builtin::Pad {
@@ -387,7 +421,15 @@ pub(crate) fn apply(
                 let pad = Pad::new(padding("pad", p)?)
                     .fill(*fill)
                     .mode(padding_mode("pad", m.as_deref())?);
-                (field, pad.apply(image_field(&s, field, "pad")?)?)
+                let img = image_field(&s, field, "pad")?;
+                let [l, t, r, bt] = padding("pad", p)?;
+                let sh = img.shape();
+                let (ih, iw) = (
+                    sh.first().copied().unwrap_or(0),
+                    sh.get(1).copied().unwrap_or(0),
+                );
+                ctx.reserve(((ih + t + bt) * (iw + l + r) * channels(img)) as u64)?;
+                (field, pad.apply(img)?)
             }
             Builtin::RandomFlip { field, vertical, p } => {
                 let f = if *vertical {
@@ -396,6 +438,7 @@ pub(crate) fn apply(
                     RandomFlip::horizontal()
                 };
                 let img = image_field(&s, field, "random_flip")?;
+                ctx.reserve(bytes(img))?;
                 (field, f.p(*p).apply(img, ctx.rng())?)
             }
             Builtin::ColorJitter {
@@ -412,10 +455,13 @@ pub(crate) fn apply(
                     return Ok(());
                 }
                 let j = ColorJitter::new(*brightness, *contrast, *saturation, *hue);
+                // Its output and one intermediate image per adjustment at most.
+                ctx.reserve(bytes(img) * 3)?;
                 (field, j.apply(img, ctx.rng())?)
             }
             Builtin::Grayscale { field, channels } => {
                 let img = image_field(&s, field, "grayscale")?;
+                ctx.reserve(bytes(img) * 2)?;
                 (field, Grayscale::new(*channels).apply(img)?)
             }
             Builtin::RandomGrayscale { field, p } => {
@@ -425,6 +471,7 @@ pub(crate) fn apply(
                 }
                 // Keeps the channel count, as torchvision's RandomGrayscale.
                 let c = img.shape().get(2).copied().unwrap_or(1);
+                ctx.reserve(bytes(img) * 2)?;
                 (
                     field,
                     Grayscale::new(if c == 1 { 1 } else { 3 }).apply(img)?,
@@ -441,15 +488,16 @@ pub(crate) fn apply(
                     return Ok(());
                 }
                 let [lo, hi] = sigma.unwrap_or([0.1, 2.0]);
+                // An f32 intermediate image, its row accumulators and the output.
+                ctx.reserve(bytes(img) * 6)?;
                 let g = GaussianBlur::new(*kernel_size, (lo, hi));
                 (field, g.apply(img, ctx.rng())?)
             }
             Builtin::ImageToTensor { field, .. } => {
                 let img = image_field(&s, field, "image_to_tensor")?;
-                (
-                    field,
-                    to_tensor(b)?.apply_into(img, &mut ctx.take_output_slot())?,
-                )
+                let t = to_tensor(b)?;
+                ctx.reserve(bytes(img) * t.dtype.size() as u64)?;
+                (field, t.apply_into(img, &mut ctx.take_output_slot())?)
             }
             _ => unreachable!("apply() of an image operator"),
         };
@@ -500,11 +548,13 @@ impl SampleOp for FusedDecodeCrop {
         let data = encoded_field(&s, &self.field, &self.name)?;
         let mut flip = self.flip_op.map(|j| ctx.for_op(j));
         let mut slot = ctx.take_output_slot();
+        let (rng, mut charger) = ctx.rng_and_charger();
         let out = self.kernel.apply_into(
             data,
-            ctx.rng(),
+            rng,
             flip.as_mut().map(OpContext::rng),
             &mut slot,
+            &mut |n| charger.charge(n),
         )?;
         s.insert(self.field.as_str(), out);
         Ok(Some(s))

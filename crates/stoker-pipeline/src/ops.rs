@@ -6,12 +6,26 @@
 //! optimizer. A random operator draws only from [`OpContext::rng`], a generator seeded by
 //! the pipeline seed, the epoch, the sample's position and the operator's place in the
 //! pipeline: results do not depend on which worker ran it, or when.
+//!
+//! **Memory.** An operator that allocates large buffers for a sample (a decoded frame, a
+//! resize's intermediates) charges them to the run's memory budget *before* it allocates
+//! them, through [`OpContext::reserve`] (or [`OpContext::charger`], to hand to a kernel
+//! that knows the size only once it has read a header): the context holds the sample's
+//! reservation, tops it up to the sample's bytes plus what the operator charged, waiting
+//! for room as the source does, and fails when the sample's need alone is more than the
+//! whole budget. The executor gives the difference back when the operator returns (the
+//! sample then holds what it is). An operator that charges nothing is counted after it
+//! returns, by what the sample has become.
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use stoker_core::{Batch, BatchSlots, DType, Error, Lease, OpMeta, Sample, Tensor, Value};
+use stoker_core::{
+    Batch, BatchSlots, DType, Error, Lease, MemoryBudget, OpMeta, Reservation, Sample, Tensor,
+    Value,
+};
 
 use crate::rng::Rng;
 
@@ -23,6 +37,94 @@ pub struct OpContext {
     /// Where the batch stage will stack this sample: (slots, the sample's sequence number
     /// in the epoch).
     slot: Option<(Arc<BatchSlots>, u64)>,
+    /// The run's memory budget and the sample's part of it (see [`OpContext::reserve`]).
+    memory: Option<Charge>,
+}
+
+/// The sample's reservation in the run's budget while an operator runs on it.
+#[derive(Debug)]
+struct Charge {
+    budget: MemoryBudget,
+    /// What the sample holds (`None` when it holds nothing: then only what the operator
+    /// charges is held, until it returns).
+    hold: Option<Reservation>,
+    /// Whether the sample held a reservation when the operator began.
+    counted: bool,
+    /// The sample's bytes when the operator began (0 when it holds nothing).
+    base: u64,
+    /// What the operator charged so far.
+    charged: u64,
+    /// How long to wait for room before giving up.
+    wait: Duration,
+}
+
+/// Charges what an operator is about to allocate for its sample to the run's memory budget
+/// (from [`OpContext::charger`]; see [`OpContext::reserve`]). Without a budget (an
+/// operator called outside a run) it charges nothing and never fails.
+#[derive(Debug)]
+pub struct Charger<'a>(Option<&'a mut Charge>);
+
+impl Charger<'_> {
+    /// Charges `bytes` more (see [`OpContext::reserve`]).
+    pub fn charge(&mut self, bytes: u64) -> Result<(), Error> {
+        let Some(c) = self.0.as_deref_mut() else {
+            return Ok(());
+        };
+        c.charged = c.charged.saturating_add(bytes);
+        let need = c.base.saturating_add(c.charged);
+        let held = c.hold.as_ref().map_or(0, Reservation::bytes);
+        if need <= held {
+            return Ok(());
+        }
+        let limit = c.budget.limit();
+        if need > limit {
+            return Err(Error::operator(format!(
+                "the sample needs {} at once ({} it holds and {} its operator allocates: \
+                 decoded frames, resize buffers), more than the whole memory budget ({}); \
+                 raise memory_limit, or lower decode_image's max_pixels to refuse such images",
+                size(need),
+                size(c.base),
+                size(c.charged),
+                size(limit)
+            )));
+        }
+        if let Some(more) = c.budget.try_reserve(need - held) {
+            match c.hold.as_mut() {
+                Some(h) => h.merge(more),
+                None => c.hold = Some(more),
+            }
+            return Ok(());
+        }
+        // No room: give back what the sample holds and wait for all it needs at once, first
+        // in line (the source admits nothing meanwhile). Samples that each hold a part and
+        // wait for the rest would otherwise wait on each other.
+        c.hold = None;
+        match c.budget.reserve_blocking(need, c.wait) {
+            Some(r) => {
+                c.hold = Some(r);
+                Ok(())
+            }
+            None => Err(Error::invalid(format!(
+                "the memory budget ({}) stayed full for {} s while this sample's operator \
+                 waited for the {} the sample needs at once ({} for its buffers): the samples \
+                 ahead of it, the shuffle buffer and the batch being filled hold the rest; \
+                 raise memory_limit or make the shuffle buffer or the batch smaller",
+                size(limit),
+                c.wait.as_secs_f64(),
+                size(need),
+                size(c.charged)
+            ))),
+        }
+    }
+}
+
+/// `bytes` for a message: MiB with one decimal, or bytes when under one KiB.
+pub(crate) fn size(bytes: u64) -> String {
+    if bytes < 1024 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
 }
 
 impl OpContext {
@@ -32,7 +134,73 @@ impl OpContext {
             words: [seed, epoch, shard as u64, record, op as u64],
             rng: None,
             slot: None,
+            memory: None,
         }
+    }
+
+    /// This context, charging what the operator reserves to `budget` (see
+    /// [`reserve`](Self::reserve)): the sample holds `hold` in it and is `sample_bytes`
+    /// bytes now; a reservation waits at most `wait` for room. [`take_hold`](Self::take_hold)
+    /// gives the sample's reservation back when the operator has returned.
+    pub(crate) fn with_budget(
+        mut self,
+        budget: &MemoryBudget,
+        hold: Option<Reservation>,
+        sample_bytes: u64,
+        wait: Duration,
+    ) -> OpContext {
+        let counted = hold.is_some();
+        self.memory = Some(Charge {
+            budget: budget.clone(),
+            hold,
+            counted,
+            base: if counted { sample_bytes } else { 0 },
+            charged: 0,
+            wait,
+        });
+        self
+    }
+
+    /// The sample's reservation after the operator ran (what it held, topped up by what
+    /// the operator charged), and the most the sample needed at once while it ran (its
+    /// bytes when it began plus what the operator charged; `None` without a budget). A
+    /// sample that held nothing gets back nothing: what its operator charged is released.
+    pub(crate) fn take_hold(&mut self) -> (Option<Reservation>, Option<u64>) {
+        match self.memory.take() {
+            Some(c) => {
+                let peak = c.base.saturating_add(c.charged);
+                (c.hold.filter(|_| c.counted), Some(peak))
+            }
+            None => (None, None),
+        }
+    }
+
+    /// Charges `bytes` that the operator is about to allocate for this sample (beyond the
+    /// sample's own bytes, which it holds already) to the run's memory budget, before it
+    /// allocates them: decoded frames, a resize's intermediates, its output. Charges add
+    /// up while the operator runs, and what they added to the sample's reservation is
+    /// given back when it returns (the sample then holds what it has become). When the
+    /// budget has no room the call waits for it, as the source does, for at most the
+    /// run's budget wait; a sample whose bytes and charges together are more than the
+    /// whole budget is an error (an operator error: the run's error policy applies), as is
+    /// a wait that times out (the budget is too small for what the pipeline holds: never
+    /// skipped). Without a budget (an operator called outside a run) it does nothing.
+    pub fn reserve(&mut self, bytes: u64) -> Result<(), Error> {
+        self.charger().charge(bytes)
+    }
+
+    /// A [`Charger`] for this sample, to call from a kernel once it knows what it will
+    /// allocate (a decoder that has read the header).
+    pub fn charger(&mut self) -> Charger<'_> {
+        Charger(self.memory.as_mut())
+    }
+
+    /// The sample's generator and its [`Charger`] at once (for a kernel that draws and
+    /// allocates).
+    pub fn rng_and_charger(&mut self) -> (&mut Rng, Charger<'_>) {
+        let w = self.words;
+        let rng = self.rng.get_or_insert_with(|| Rng::from_words(&w));
+        (rng, Charger(self.memory.as_mut()))
     }
 
     /// This context, for the last operator before a batch stage that stacks in `slots`:
@@ -81,6 +249,7 @@ impl OpContext {
             words,
             rng: None,
             slot: None,
+            memory: None,
         }
     }
 }

@@ -111,6 +111,17 @@ impl DecodeImage {
     pub fn apply(&self, data: &[u8]) -> Result<Tensor, Error> {
         decode_image(data, self)
     }
+
+    /// Decodes `data`, calling `charge` with the bytes the decode will allocate (the
+    /// frame, the decoder's own buffers, a colour conversion or rotation: an upper bound,
+    /// from the header) before it allocates them, see [`decode_image_charged`].
+    pub fn apply_charged(
+        &self,
+        data: &[u8],
+        charge: &mut dyn FnMut(u64) -> Result<(), Error>,
+    ) -> Result<Tensor, Error> {
+        decode_image_charged(data, self, charge)
+    }
 }
 
 /// What a header says, without decoding pixels.
@@ -168,18 +179,44 @@ fn sniff(data: &[u8]) -> Result<ImageFormat, Error> {
 
 /// Decodes a JPEG, PNG or WebP file into an `[H, W, C]` u8 tensor.
 pub fn decode_image(data: &[u8], options: &DecodeImage) -> Result<Tensor, Error> {
+    decode_image_charged(data, options, &mut |_| Ok(()))
+}
+
+/// [`decode_image`], calling `charge` with the bytes it is about to allocate before it
+/// allocates them: once the header is read (after the pixel limit is checked), an upper
+/// bound of the frame, the decoder's own buffers and a colour conversion; and before an
+/// EXIF rotation, the rotated copy. Calls add up. An error from `charge` (the memory
+/// budget has no room) is returned as it is, before the buffers it was asked for exist.
+pub fn decode_image_charged(
+    data: &[u8],
+    options: &DecodeImage,
+    charge: &mut dyn FnMut(u64) -> Result<(), Error>,
+) -> Result<Tensor, Error> {
     let (t, orientation) = match sniff(data)? {
         ImageFormat::Jpeg => {
             let markers = jpeg::scan_markers(data);
-            let (t, _) = jpeg::decode_jpeg(data, options, DctScale::FULL, None)?;
+            let (t, _) = jpeg::decode_jpeg_charged(data, options, DctScale::FULL, None, charge)?;
             (t, markers.orientation)
         }
-        ImageFormat::Png => decode_png(data, options)?,
-        ImageFormat::WebP => decode_webp(data, options)?,
+        ImageFormat::Png => decode_png(data, options, charge)?,
+        ImageFormat::WebP => decode_webp(data, options, charge)?,
     };
     match orientation {
-        Some(o) if options.apply_exif_orientation && o != 1 => orient(&t, o),
+        Some(o) if options.apply_exif_orientation && o != 1 => {
+            charge(t.data().len() as u64)?;
+            orient(&t, o)
+        }
         _ => Ok(t),
+    }
+}
+
+/// The channels [`to_mode`] makes of `c` in `mode`, and whether it copies.
+fn mode_channels(c: usize, mode: ColorMode) -> (usize, bool) {
+    match (mode, c) {
+        (ColorMode::Gray, 1) | (ColorMode::Rgb, 3) | (ColorMode::RgbKeepAlpha, 3 | 4) => (c, false),
+        (ColorMode::Gray, _) => (1, true),
+        (ColorMode::RgbKeepAlpha, 2) => (4, true),
+        _ => (3, true),
     }
 }
 
@@ -199,7 +236,11 @@ fn check_limit(op: &str, w: u64, h: u64, max: u64) -> Result<(), Error> {
     Ok(())
 }
 
-fn decode_png(data: &[u8], options: &DecodeImage) -> Result<(Tensor, Option<u8>), Error> {
+fn decode_png(
+    data: &[u8],
+    options: &DecodeImage,
+    charge: &mut dyn FnMut(u64) -> Result<(), Error>,
+) -> Result<(Tensor, Option<u8>), Error> {
     let bad = |e: png::DecodingError| Error::operator(format!("decode_png: {e}"));
     let mut d = png::Decoder::new(Cursor::new(data));
     {
@@ -215,7 +256,18 @@ fn decode_png(data: &[u8], options: &DecodeImage) -> Result<(Tensor, Option<u8>)
     // (PIL's `RGB;16B` raw mode does the same).
     d.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
     let mut reader = d.read_info().map_err(bad)?;
-    let mut buf = vec![0u8; reader.output_buffer_size()];
+    let size = reader.output_buffer_size();
+    {
+        let (ct, _) = reader.output_color_type();
+        let info = reader.info();
+        let (w, h) = (info.width as u64, info.height as u64);
+        let (out_c, copies) = mode_channels(ct.samples(), options.mode);
+        // The frame, the conversion's copy, and the decoder's rows (the previous and the
+        // current one, raw, up to 8 bytes a pixel) and inflate state.
+        let conv = if copies { w * h * out_c as u64 } else { 0 };
+        charge(size as u64 + conv + w * 16 + (64 << 10))?;
+    }
+    let mut buf = vec![0u8; size];
     let frame = reader.next_frame(&mut buf).map_err(bad)?;
     buf.truncate(frame.buffer_size());
     let (w, h) = (frame.width as usize, frame.height as usize);
@@ -223,6 +275,7 @@ fn decode_png(data: &[u8], options: &DecodeImage) -> Result<(Tensor, Option<u8>)
     // Rows may be padded in the output (line_size); make them tight.
     let line = frame.line_size;
     if line != w * src_c {
+        charge((w * h * src_c) as u64)?;
         let mut tight = Vec::with_capacity(w * h * src_c);
         for y in 0..h {
             tight.extend_from_slice(&buf[y * line..y * line + w * src_c]);
@@ -237,7 +290,11 @@ fn decode_png(data: &[u8], options: &DecodeImage) -> Result<(Tensor, Option<u8>)
     Ok((to_mode(buf, h, w, src_c, options.mode)?, orientation))
 }
 
-fn decode_webp(data: &[u8], options: &DecodeImage) -> Result<(Tensor, Option<u8>), Error> {
+fn decode_webp(
+    data: &[u8],
+    options: &DecodeImage,
+    charge: &mut dyn FnMut(u64) -> Result<(), Error>,
+) -> Result<(Tensor, Option<u8>), Error> {
     let bad = |e: image_webp::DecodingError| Error::operator(format!("decode_webp: {e}"));
     let mut d = image_webp::WebPDecoder::new(Cursor::new(data)).map_err(bad)?;
     let (w, h) = d.dimensions();
@@ -245,9 +302,17 @@ fn decode_webp(data: &[u8], options: &DecodeImage) -> Result<(Tensor, Option<u8>
     let size = d
         .output_buffer_size()
         .ok_or_else(|| Error::operator("decode_webp: image size overflows"))?;
+    let c = if d.has_alpha() { 4 } else { 3 };
+    {
+        let px = w as u64 * h as u64;
+        let (out_c, copies) = mode_channels(c, options.mode);
+        let conv = if copies { px * out_c as u64 } else { 0 };
+        // The frame, the conversion's copy, and the decoder's own planes (lossy: YUV and
+        // alpha; lossless: ARGB words), at most four bytes a pixel.
+        charge(size as u64 + conv + px * 4 + (64 << 10))?;
+    }
     let mut buf = vec![0u8; size];
     d.read_image(&mut buf).map_err(bad)?;
-    let c = if d.has_alpha() { 4 } else { 3 };
     let orientation = d
         .exif_metadata()
         .ok()

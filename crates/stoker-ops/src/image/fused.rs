@@ -40,7 +40,7 @@ use stoker_core::rng::Rng;
 use stoker_core::{DType, Error, Lease, Tensor};
 
 use super::convert::ToTensor;
-use super::decode::{decode_image, DecodeImage};
+use super::decode::{decode_image_charged, DecodeImage};
 use super::geometry::{Flip, RandomFlip, RandomResizedCrop};
 use super::jpeg::{self, DctScale, JpegRegion};
 use super::resize::{resample_to_tensor, Interpolation, Output};
@@ -126,7 +126,7 @@ impl DecodeRandomResizedCrop {
     /// the same output as `crop.apply(&decoded, rng)`, then `flip.apply(_, rng)`, then
     /// `to_tensor.apply(_)`.
     pub fn apply(&self, data: &[u8], rng: &mut Rng) -> Result<Tensor, Error> {
-        self.run(data, rng, None, None)
+        self.run(data, rng, None, None, &mut |_| Ok(()))
     }
 
     /// As [`apply`](Self::apply), but the flip's draw comes from `flip_rng`: for a
@@ -140,7 +140,7 @@ impl DecodeRandomResizedCrop {
         crop_rng: &mut Rng,
         flip_rng: &mut Rng,
     ) -> Result<Tensor, Error> {
-        self.run(data, crop_rng, Some(flip_rng), None)
+        self.run(data, crop_rng, Some(flip_rng), None, &mut |_| Ok(()))
     }
 
     /// As [`apply_chain`](Self::apply_chain) (or [`apply`](Self::apply) without
@@ -148,14 +148,21 @@ impl DecodeRandomResizedCrop {
     /// in bytes when it gives one (a batch slot, see [`stoker_core::BatchSlots`]). The
     /// result is the same either way; only where its bytes live differs. `slot` is asked
     /// at most once, and only when the fused pass writes a `ToTensor` output.
+    ///
+    /// `charge` is called with the bytes the kernel is about to allocate before it
+    /// allocates them (upper bounds: once the header is read and the box drawn, the
+    /// decoded region, libjpeg's own buffers, the resample's passes and the output; on the
+    /// unfused path the whole frame first, then the crop's); an error from it is returned
+    /// as it is. Calls add up.
     pub fn apply_into(
         &self,
         data: &[u8],
         crop_rng: &mut Rng,
         flip_rng: Option<&mut Rng>,
         slot: &mut dyn FnMut(usize) -> Option<Lease>,
+        charge: &mut dyn FnMut(u64) -> Result<(), Error>,
     ) -> Result<Tensor, Error> {
-        self.run(data, crop_rng, flip_rng, Some(slot))
+        self.run(data, crop_rng, flip_rng, Some(slot), charge)
     }
 
     /// The flip to apply, drawn from `flip_rng` or else `rng`.
@@ -170,20 +177,33 @@ impl DecodeRandomResizedCrop {
         data: &[u8],
         rng: &mut Rng,
         flip_rng: Option<&mut Rng>,
+        charge: &mut dyn FnMut(u64) -> Result<(), Error>,
     ) -> Result<Tensor, Error> {
-        let full = decode_image(data, &self.decode)?;
-        let cropped = self.crop.apply(&full, rng)?;
-        self.finish(cropped, self.decide_flip(rng, flip_rng))
+        let full = decode_image_charged(data, &self.decode, charge)?;
+        let cropped = self.crop.apply_charged(&full, rng, charge)?;
+        drop(full);
+        self.finish(cropped, self.decide_flip(rng, flip_rng), charge)
     }
 
-    /// Flip and convert a u8 crop with the separate kernels.
-    fn finish(&self, cropped: Tensor, flip: Option<Flip>) -> Result<Tensor, Error> {
+    /// Flip and convert a u8 crop with the separate kernels (charging their outputs).
+    fn finish(
+        &self,
+        cropped: Tensor,
+        flip: Option<Flip>,
+        charge: &mut dyn FnMut(u64) -> Result<(), Error>,
+    ) -> Result<Tensor, Error> {
         let flipped = match flip {
-            Some(f) => f.apply(&cropped)?,
+            Some(f) => {
+                charge(cropped.data().len() as u64)?;
+                f.apply(&cropped)?
+            }
             None => cropped,
         };
         match &self.to_tensor {
-            Some(t) => t.apply(&flipped),
+            Some(t) => {
+                charge((flipped.data().len() * t.dtype.size()) as u64)?;
+                t.apply(&flipped)
+            }
             None => Ok(flipped),
         }
     }
@@ -194,6 +214,7 @@ impl DecodeRandomResizedCrop {
         rng: &mut Rng,
         flip_rng: Option<&mut Rng>,
         slot: Option<&mut dyn FnMut(usize) -> Option<Lease>>,
+        charge: &mut dyn FnMut(u64) -> Result<(), Error>,
     ) -> Result<Tensor, Error> {
         self.crop.validate()?;
         let markers = if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
@@ -206,13 +227,13 @@ impl DecodeRandomResizedCrop {
             None => false,
         };
         if !fused {
-            return self.unfused(data, rng, flip_rng);
+            return self.unfused(data, rng, flip_rng, charge);
         }
         let markers = markers.unwrap_or_default();
         let header = jpeg::read_header(data)?;
         jpeg::check_pixels(&header, self.decode.max_pixels)?;
         if header.lossless {
-            return self.unfused(data, rng, flip_rng);
+            return self.unfused(data, rng, flip_rng, charge);
         }
         let b = self.crop.get_params(header.width, header.height, rng);
         let scale = self.choose_scale(b.width, b.height);
@@ -235,6 +256,36 @@ impl DecodeRandomResizedCrop {
             w: x1 - x0,
             h: y1 - y0,
         };
+        // What the decode and the resample will allocate, charged before either does.
+        let (w, h) = (self.crop.width, self.crop.height);
+        let c = if self.decode.mode == super::ColorMode::Gray {
+            1
+        } else {
+            3
+        };
+        let (_, superset) = jpeg::regions(&header, scale, Some(want))?;
+        let out_bytes = self.to_tensor.as_ref().map_or(1, |t| t.dtype.size());
+        let resample = if self.crop.interpolation == Interpolation::Nearest {
+            // The cut region and the separate kernels' outputs.
+            (want.w * want.h * c + w * h * c * (2 + out_bytes)) as u64
+        } else {
+            super::resize::resample_bytes(
+                (superset.w, superset.h, c),
+                [
+                    bx[0] - x0 as f64,
+                    bx[1] - y0 as f64,
+                    bx[2] - x0 as f64,
+                    bx[3] - y0 as f64,
+                ],
+                (w, h),
+                (self.crop.interpolation, self.crop.antialias),
+                out_bytes,
+            )
+        };
+        charge(
+            jpeg::decode_bytes(&header, &markers, &self.decode, scale, Some(want), false)?
+                + resample,
+        )?;
         let mut buf = Scratch::take();
         let (got, held, c) = jpeg::decode_region_into(
             data,
@@ -274,7 +325,6 @@ impl DecodeRandomResizedCrop {
                 got.w, got.h
             )));
         }
-        let (w, h) = (self.crop.width, self.crop.height);
         if self.crop.interpolation == Interpolation::Nearest {
             // Nearest has no fused pass: cut the region and run the separate kernels.
             let mut cut = Vec::with_capacity(got.w * got.h * c);
@@ -288,7 +338,8 @@ impl DecodeRandomResizedCrop {
                 rel,
                 "decode_random_resized_crop",
             )?;
-            return self.finish(cropped, flip);
+            // (Charged with the region above.)
+            return self.finish(cropped, flip, &mut |_| Ok(()));
         }
         let tables;
         let mut lease = None;

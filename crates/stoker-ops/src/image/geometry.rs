@@ -20,6 +20,18 @@ pub struct CropBox {
     pub width: usize,
 }
 
+impl CropBox {
+    /// The box as a resample's source box `[x0, y0, x1, y1]`.
+    pub(crate) fn source_box(self) -> [f64; 4] {
+        [
+            self.left as f64,
+            self.top as f64,
+            (self.left + self.width) as f64,
+            (self.top + self.height) as f64,
+        ]
+    }
+}
+
 /// Cuts `b` out of `img` (must lie inside).
 pub(crate) fn crop(img: ImageRef<'_>, b: CropBox) -> Result<Tensor, Error> {
     let c = img.c;
@@ -485,10 +497,23 @@ impl RandomResizedCrop {
 
     /// Crops `image` at a box drawn from `rng` and resizes it.
     pub fn apply(&self, image: &Tensor, rng: &mut Rng) -> Result<Tensor, Error> {
+        self.apply_charged(image, rng, &mut |_| Ok(()))
+    }
+
+    /// As [`apply`](Self::apply), calling `charge` with the bytes the resize of the drawn
+    /// box will allocate (an upper bound, its output included) before it allocates them;
+    /// an error from `charge` is returned as it is.
+    pub fn apply_charged(
+        &self,
+        image: &Tensor,
+        rng: &mut Rng,
+        charge: &mut dyn FnMut(u64) -> Result<(), Error>,
+    ) -> Result<Tensor, Error> {
         self.validate()?;
         let img = ImageRef::from_tensor(image, "random_resized_crop")?;
         let b = self.get_params(img.w, img.h, rng);
-        self.apply_box(img, b)
+        self.resize()
+            .apply_box_charged(img, b.source_box(), "random_resized_crop", charge)
     }
 
     /// Crops box `b` of `image` and resizes it, without drawing (torchvision's
@@ -506,13 +531,8 @@ impl RandomResizedCrop {
 
     /// Crops `b` of `img` and resizes it (no draws).
     pub(crate) fn apply_box(&self, img: ImageRef<'_>, b: CropBox) -> Result<Tensor, Error> {
-        let src = [
-            b.left as f64,
-            b.top as f64,
-            (b.left + b.width) as f64,
-            (b.top + b.height) as f64,
-        ];
-        self.resize().apply_box(img, src, "random_resized_crop")
+        self.resize()
+            .apply_box(img, b.source_box(), "random_resized_crop")
     }
 }
 

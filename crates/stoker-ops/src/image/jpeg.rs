@@ -357,11 +357,144 @@ pub fn decode_jpeg(
     scale: DctScale,
     region: Option<JpegRegion>,
 ) -> Result<(Tensor, JpegRegion), Error> {
+    decode_jpeg_charged(data, options, scale, region, &mut |_| Ok(()))
+}
+
+/// [`decode_jpeg`], calling `charge` with what the decode will allocate
+/// ([`decode_bytes`], the cut included) once the header is read, before any pixel buffer
+/// is allocated; an error from `charge` is returned as it is.
+pub(crate) fn decode_jpeg_charged(
+    data: &[u8],
+    options: &DecodeImage,
+    scale: DctScale,
+    region: Option<JpegRegion>,
+    charge: &mut dyn FnMut(u64) -> Result<(), Error>,
+) -> Result<(Tensor, JpegRegion), Error> {
     let markers = scan_markers(data);
     with_decompressor(|d| {
         let header = d.header(data)?;
         check_pixels(&header, options.max_pixels)?;
+        charge(decode_bytes(
+            &header, &markers, options, scale, region, true,
+        )?)?;
         decode_with(d, data, &header, &markers, options, scale, region)
+    })
+}
+
+/// An upper bound of the bytes a decode of `region` (or all) at `scale` allocates:
+/// libjpeg's own buffers (a progressive file's coefficients, two bytes per sample of the
+/// whole image whatever the scale; else a few rows of MCUs), the decoded superset of the
+/// region (a CMYK file's four channels and their conversion), and with `cut` the region
+/// cut out of it. From the header alone.
+pub(crate) fn decode_bytes(
+    header: &JpegHeader,
+    markers: &Markers,
+    options: &DecodeImage,
+    scale: DctScale,
+    region: Option<JpegRegion>,
+    cut: bool,
+) -> Result<u64, Error> {
+    let scale = if header.lossless {
+        DctScale::FULL
+    } else {
+        scale
+    };
+    let (want, superset) = regions(header, scale, region)?;
+    let c = if options.mode == ColorMode::Gray {
+        1
+    } else {
+        3
+    };
+    let px = |r: JpegRegion| (r.w * r.h) as u64;
+    let decoded = if header.is_cmyk() {
+        px(superset) * (4 + 3 + c)
+    } else {
+        px(superset) * c
+    };
+    let cut = if cut && want != superset {
+        px(want) * c
+    } else {
+        0
+    };
+    let (w, h) = (header.width as u64, header.height as u64);
+    // Samples per pixel at the components' resolutions.
+    let per_px2 = match header.subsamp as tj::TJSAMP {
+        tj::TJSAMP_TJSAMP_GRAY => 2,
+        tj::TJSAMP_TJSAMP_420 | tj::TJSAMP_TJSAMP_411 | tj::TJSAMP_TJSAMP_441 => 3,
+        tj::TJSAMP_TJSAMP_422 | tj::TJSAMP_TJSAMP_440 => 4,
+        _ if header.is_cmyk() => 8,
+        _ => 6,
+    };
+    let internal = if markers.progressive {
+        // 2-byte coefficients; `per_px2` counts half samples.
+        w * h * per_px2
+    } else {
+        // Row buffers: a few iMCU rows of every component, and the context rows of fancy
+        // upsampling.
+        w * 64 * 4 * 2
+    };
+    Ok(decoded + cut + internal + 64 * 1024)
+}
+
+/// The region asked for (clamped to the `scale`d image) and the superset of it that
+/// libjpeg decodes (see [`decode_into`]).
+pub(crate) fn regions(
+    header: &JpegHeader,
+    scale: DctScale,
+    region: Option<JpegRegion>,
+) -> Result<(JpegRegion, JpegRegion), Error> {
+    let (sw, sh) = (scale.scaled(header.width), scale.scaled(header.height));
+    let full = JpegRegion {
+        x: 0,
+        y: 0,
+        w: sw,
+        h: sh,
+    };
+    // `want`: the region asked for (clamped); `superset`: what libjpeg decodes. Its left
+    // edge must sit on an iMCU boundary, and libjpeg's fancy upsampling treats the edges
+    // of a cropped decode as image edges, so the superset reaches one iMCU beyond the
+    // wanted region on every side (where the image allows). The cut out of it is then
+    // pixel-identical to the same region of a whole decode.
+    Ok(match region {
+        None => (full, full),
+        Some(r) => {
+            if r.w == 0 || r.h == 0 || r.x >= sw || r.y >= sh {
+                return Err(Error::operator(format!(
+                    "decode_jpeg: region {r:?} is empty or outside the {sw}x{sh} image"
+                )));
+            }
+            let want = JpegRegion {
+                x: r.x,
+                y: r.y,
+                w: (r.x + r.w).min(sw) - r.x,
+                h: (r.y + r.h).min(sh) - r.y,
+            };
+            let mh = scale.scaled(header.mcu_height());
+            let y0 = want.y.saturating_sub(mh);
+            let y1 = (want.y + want.h + mh).min(sh);
+            let superset = match header.scaled_mcu_width(scale) {
+                // Lossless JPEG cannot be partially decoded: decode it all, then cut.
+                _ if header.lossless => full,
+                Some(m) => {
+                    let x0 = want.x.saturating_sub(m) / m * m;
+                    let x1 = (want.x + want.w + m).min(sw);
+                    JpegRegion {
+                        x: x0,
+                        y: y0,
+                        w: x1 - x0,
+                        h: y1 - y0,
+                    }
+                }
+                // Unknown sampling: whole rows.
+                None => JpegRegion {
+                    x: 0,
+                    y: y0,
+                    w: sw,
+                    h: y1 - y0,
+                },
+            };
+            (want, superset)
+        }
     })
 }
 
@@ -440,58 +573,12 @@ fn decode_into(
     } else {
         scale
     };
-    let (sw, sh) = (scale.scaled(header.width), scale.scaled(header.height));
+    let (want, superset) = regions(header, scale, region)?;
     let full = JpegRegion {
         x: 0,
         y: 0,
-        w: sw,
-        h: sh,
-    };
-    // `want`: the region asked for (clamped); `superset`: what libjpeg decodes. Its left
-    // edge must sit on an iMCU boundary, and libjpeg's fancy upsampling treats the edges
-    // of a cropped decode as image edges, so the superset reaches one iMCU beyond the
-    // wanted region on every side (where the image allows). The cut out of it is then
-    // pixel-identical to the same region of a whole decode.
-    let (want, superset) = match region {
-        None => (full, full),
-        Some(r) => {
-            if r.w == 0 || r.h == 0 || r.x >= sw || r.y >= sh {
-                return Err(Error::operator(format!(
-                    "decode_jpeg: region {r:?} is empty or outside the {sw}x{sh} image"
-                )));
-            }
-            let want = JpegRegion {
-                x: r.x,
-                y: r.y,
-                w: (r.x + r.w).min(sw) - r.x,
-                h: (r.y + r.h).min(sh) - r.y,
-            };
-            let mh = scale.scaled(header.mcu_height());
-            let y0 = want.y.saturating_sub(mh);
-            let y1 = (want.y + want.h + mh).min(sh);
-            let superset = match header.scaled_mcu_width(scale) {
-                // Lossless JPEG cannot be partially decoded: decode it all, then cut.
-                _ if header.lossless => full,
-                Some(m) => {
-                    let x0 = want.x.saturating_sub(m) / m * m;
-                    let x1 = (want.x + want.w + m).min(sw);
-                    JpegRegion {
-                        x: x0,
-                        y: y0,
-                        w: x1 - x0,
-                        h: y1 - y0,
-                    }
-                }
-                // Unknown sampling: whole rows.
-                None => JpegRegion {
-                    x: 0,
-                    y: y0,
-                    w: sw,
-                    h: y1 - y0,
-                },
-            };
-            (want, superset)
-        }
+        w: scale.scaled(header.width),
+        h: scale.scaled(header.height),
     };
     let crop = (superset != full).then_some(superset);
     let gray = options.mode == ColorMode::Gray;
@@ -577,6 +664,9 @@ pub(crate) struct Markers {
     pub adobe: bool,
     /// A frame header (SOFn) precedes the first scan.
     pub frame: bool,
+    /// The frame is progressive (SOF2, SOF6, SOF10, SOF14): libjpeg keeps the whole
+    /// image's coefficients while it decodes.
+    pub progressive: bool,
 }
 
 /// Scans JPEG markers up to the first scan. Never fails: anything unexpected ends the scan
@@ -614,6 +704,7 @@ pub(crate) fn scan_markers(data: &[u8]) -> Markers {
             m.adobe = true;
         } else if (0xC0..=0xCF).contains(&marker) && ![0xC4, 0xC8, 0xCC].contains(&marker) {
             m.frame = true;
+            m.progressive |= matches!(marker, 0xC2 | 0xC6 | 0xCA | 0xCE);
         }
         i += 2 + len;
     }

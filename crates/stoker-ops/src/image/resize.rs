@@ -156,6 +156,17 @@ impl Resize {
 
     /// Resizes `image` (`[H, W, C]` u8).
     pub fn apply(&self, image: &Tensor) -> Result<Tensor, Error> {
+        self.apply_charged(image, &mut |_| Ok(()))
+    }
+
+    /// As [`apply`](Self::apply), calling `charge` with the bytes it is about to allocate
+    /// (its passes' buffers and the output, an upper bound) before it allocates them; an
+    /// error from `charge` is returned as it is, and nothing is allocated.
+    pub fn apply_charged(
+        &self,
+        image: &Tensor,
+        charge: &mut dyn FnMut(u64) -> Result<(), Error>,
+    ) -> Result<Tensor, Error> {
         let img = ImageRef::from_tensor(image, "resize")?;
         let b = [0.0, 0.0, img.w as f64, img.h as f64];
         if self.shorter_side.is_some() {
@@ -166,9 +177,34 @@ impl Resize {
                 shorter_side: None,
                 ..self.clone()
             };
-            return exact.apply_box(img, b, "resize");
+            return exact.apply_box_charged(img, b, "resize", charge);
         }
-        self.apply_box(img, b, "resize")
+        self.apply_box_charged(img, b, "resize", charge)
+    }
+
+    /// [`apply_box`](Self::apply_box), charging its buffers first (see
+    /// [`apply_charged`](Self::apply_charged)).
+    pub(crate) fn apply_box_charged(
+        &self,
+        img: ImageRef<'_>,
+        src_box: [f64; 4],
+        op: &str,
+        charge: &mut dyn FnMut(u64) -> Result<(), Error>,
+    ) -> Result<Tensor, Error> {
+        charge(self.bytes_for(img, src_box, 1))?;
+        self.apply_box(img, src_box, op)
+    }
+
+    /// What resampling `src_box` of `img` to this size allocates at most, each output
+    /// sample `out_bytes` bytes ([`resample_bytes`]).
+    pub(crate) fn bytes_for(&self, img: ImageRef<'_>, src_box: [f64; 4], out_bytes: usize) -> u64 {
+        resample_bytes(
+            (img.w, img.h, img.c),
+            src_box,
+            (self.width, self.height),
+            (self.interpolation, self.antialias),
+            out_bytes,
+        )
     }
 
     /// Resizes the (possibly fractional) source box `[x0, y0, x1, y1]` of `img`.
@@ -828,6 +864,49 @@ pub(crate) fn resample(
         }
     }
     out
+}
+
+/// An upper bound of the bytes [`resample`] (or [`resample_to_tensor`]) allocates to
+/// resample box `b` of a `w` x `h` image of `c` channels to `out_w` x `out_h`, its output
+/// included, each output sample `out_bytes` bytes (1 for u8, a `ToTensor` table's size
+/// otherwise): the filter weights, the transposed tile of the horizontal pass (as RGBX),
+/// the intermediate image and the passes' row accumulators, over whichever pass order is
+/// the larger. A kernel charges it to the memory budget before it resamples (see
+/// `stoker_pipeline::OpContext::reserve`). It is computed from sizes alone, a few
+/// multiplications.
+pub(crate) fn resample_bytes(
+    (w, h, c): (usize, usize, usize),
+    b: [f64; 4],
+    (out_w, out_h): (usize, usize),
+    (f, antialias): (Interpolation, bool),
+    out_bytes: usize,
+) -> u64 {
+    let (w, h, c) = (w as u64, h as u64, c as u64);
+    let (ow, oh) = (out_w as u64, out_h as u64);
+    let out = ow * oh * c * out_bytes as u64;
+    if f == Interpolation::Nearest {
+        return out + ow * 8;
+    }
+    // The source columns and rows the weights read: the box, rounded out, in the image.
+    let span = |lo: f64, hi: f64, n: u64| ((hi.ceil() - lo.floor()).max(1.0) as u64 + 1).min(n);
+    let (sx, sy) = (span(b[0], b[2], w), span(b[1], b[3], h));
+    // Weights (taps, bounds, fixed windows; a shifted copy in the horizontal pass).
+    let taps = |len: f64, o: u64| {
+        let scale = len / o.max(1) as f64;
+        let fs = if antialias { scale.max(1.0) } else { 1.0 };
+        (f.support() * fs).ceil() as u64 * 2 + 1
+    };
+    let weights = 2 * ow * (taps(b[2] - b[0], ow) * 4 + 32) + oh * (taps(b[3] - b[1], oh) * 4 + 32);
+    // The horizontal pass over `rows` rows: the transposed tile (RGBX at most 4 bytes a
+    // pixel), its accumulators, and its output.
+    let horizontal = |rows: u64| sx * rows * c.max(4) + rows * c * 5 + rows * ow * c;
+    // The vertical pass over `cols` columns: its accumulators (and a u8 row).
+    let vertical = |cols: u64| cols * c * 5;
+    let columns_first = horizontal(sy) + vertical(ow);
+    let rows_first = oh * w * c + vertical(w) + horizontal(oh);
+    // The u8 image a `ToTensor` output is converted from.
+    let px = if out_bytes > 1 { ow * oh * c } else { 0 };
+    weights + columns_first.max(rows_first) + px + out
 }
 
 /// Writes `v` into `o` (`MaybeUninit::write_copy_of_slice` needs Rust 1.93).

@@ -7,12 +7,21 @@
 //! from a small per-thread pool and goes back to it when dropped, keeping its capacity.
 //! Only buffers that are overwritten before they are read may use one: their contents
 //! are whatever the previous user left.
+//!
+//! What a pool keeps is outside the run's memory budget (a kernel charges a buffer for
+//! the sample that uses it, not while it waits in the pool), so the pool is small: at
+//! most [`POOL_BYTES`] a thread, of buffers of at most [`KEEP_MAX`]. A large image's
+//! buffers go back to the allocator (which returns buffers that large to the system at
+//! once).
 
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 
-/// Buffers larger than this go back to the allocator rather than stay cached.
-const KEEP_MAX: usize = 32 << 20;
+/// Buffers larger than this go back to the allocator rather than stay cached (an
+/// ImageNet-sized image's are a few hundred KB).
+const KEEP_MAX: usize = 8 << 20;
+/// Bytes kept per thread, at most.
+const POOL_BYTES: usize = 16 << 20;
 /// Buffers kept per thread.
 const POOL_MAX: usize = 8;
 
@@ -44,7 +53,8 @@ impl Drop for Scratch {
         }
         let _ = POOL.try_with(|p| {
             let mut p = p.borrow_mut();
-            if p.len() < POOL_MAX {
+            let kept: usize = p.iter().map(Vec::capacity).sum();
+            if p.len() < POOL_MAX && kept + v.capacity() <= POOL_BYTES {
                 p.push(v);
             }
         });
