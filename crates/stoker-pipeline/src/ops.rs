@@ -1077,3 +1077,47 @@ impl SampleOp for Builtin {
         Ok(Some(s))
     }
 }
+
+#[cfg(test)]
+mod charge_tests {
+    use super::*;
+
+    #[test]
+    fn an_operator_s_charges_top_up_its_sample_s_reservation_and_fail_past_the_limit() {
+        let b = MemoryBudget::new(100);
+        let wait = Duration::from_millis(20);
+        // The sample holds 30 and is 20 bytes: charges up to 10 come out of its hold.
+        let hold = b.try_reserve(30).unwrap();
+        let mut cx = OpContext::new(0, 0, 0, 0, 0).with_budget(&b, Some(hold), 20, wait);
+        cx.reserve(10).unwrap();
+        assert_eq!(b.used(), 30);
+        // More is taken from the budget, before the operator allocates it.
+        cx.charger().charge(40).unwrap();
+        assert_eq!(b.used(), 70);
+        let (hold, peak) = cx.take_hold();
+        assert_eq!(
+            (hold.as_ref().map(Reservation::bytes), peak),
+            (Some(70), Some(70))
+        );
+        drop(hold);
+        // A need larger than the whole budget is an operator error saying so; nothing taken.
+        let mut cx = OpContext::new(0, 0, 0, 0, 0).with_budget(&b, None, 0, wait);
+        let e = cx.reserve(101).unwrap_err();
+        assert_eq!(e.kind, stoker_core::ErrorKind::Operator);
+        assert!(
+            e.message
+                .contains("more than the whole memory budget (100 bytes)"),
+            "{e}"
+        );
+        assert_eq!(b.used(), 0);
+        // A budget held elsewhere: the wait times out, an error that is never skipped.
+        let other = b.try_reserve(90).unwrap();
+        let mut cx = OpContext::new(0, 0, 0, 0, 0).with_budget(&b, None, 0, wait);
+        let e = cx.reserve(50).unwrap_err();
+        assert_eq!(e.kind, stoker_core::ErrorKind::Invalid);
+        assert!(e.message.contains("stayed full"), "{e}");
+        drop(other);
+        // Without a budget (outside a run) it charges nothing.
+        assert!(OpContext::new(0, 0, 0, 0, 0).reserve(u64::MAX).is_ok());
+    }
+}
