@@ -37,6 +37,13 @@
 //!
 //! **Memory.** Every queue is bounded, and the source may not run more than `window`
 //! samples ahead of the tail: a slow consumer stops the whole pipeline, it never grows it.
+//! A sample holds a reservation in the run's budget from the source to the consumer; the
+//! source reserves what the operators are expected to need for it at once (learnt from the
+//! samples so far, [`expected_bytes`]), and an operator tops it up before it allocates a
+//! buffer (a decoded frame) through its [`OpContext`], waiting first in line when there is
+//! no room; the reservation shrinks to the sample's bytes when its operators return. A
+//! source that waits [`BUDGET_WAIT`] for room ends the run with its own error (no sample is
+//! at fault); an operator that waits as long fails its sample.
 //!
 //! **Resume.** Each item handed to the consumer carries a mark: the epoch, the last `seq`
 //! the tail had taken in, the position of each shuffle buffer's undo log, and the small
