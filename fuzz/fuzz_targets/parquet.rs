@@ -8,7 +8,7 @@ use stoker_formats::parquet::Parquet;
 use stoker_formats::{Format, Input, RandomAccess};
 
 fuzz_target!(|data: &[u8]| {
-    stoker_fuzz::abort_on_panics_except_in("/parquet-");
+    stoker_fuzz::abort_on_panics_except_in(&["/parquet-", "/arrow-"]);
     let file: Arc<dyn RandomAccess> = Arc::new(Bytes::copy_from_slice(data));
     let shard = stoker_fuzz::shard("table.parquet");
     let p = Parquet::default();

@@ -11,16 +11,16 @@ pub const MAX_RECORDS: usize = 200_000;
 
 /// libFuzzer's panic hook aborts on every panic, even one the code under test catches (the
 /// Parquet reader turns the parquet crate's panics on malformed pages into errors): this
-/// hook lets panics raised inside `crate_dir` (a path fragment such as `/parquet-`)
+/// hook lets panics raised inside `crate_dirs` (path fragments such as `/parquet-`)
 /// unwind to the code that catches them, and aborts on any other, as libFuzzer's does.
-pub fn abort_on_panics_except_in(crate_dir: &'static str) {
+pub fn abort_on_panics_except_in(crate_dirs: &'static [&'static str]) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             if info
                 .location()
-                .is_some_and(|l| l.file().contains(crate_dir))
+                .is_some_and(|l| crate_dirs.iter().any(|d| l.file().contains(d)))
             {
                 return;
             }

@@ -466,3 +466,39 @@ fn a_dictionary_page_missing_is_an_error_not_a_panic() {
     assert_eq!(e.kind, ErrorKind::Record);
     assert!(e.to_string().contains("malformed data"), "{e}");
 }
+
+#[test]
+fn definition_levels_past_their_page_are_an_error_not_a_panic() {
+    // Found by fuzz/ (target parquet, saved as a fixture): a page whose definition levels
+    // run past its data, on which arrow-buffer panics ("offset + len out of bounds").
+    let file: Arc<dyn RandomAccess> = Arc::new(fixture("fuzz-bad-def-levels.parquet"));
+    for columnar in [false, true] {
+        let p = Parquet::default();
+        let mut errors = 0;
+        if columnar {
+            let mut c = p
+                .open_columns(&shard(), Input::Random(file.clone()))
+                .unwrap();
+            for _ in 0..100_000 {
+                match c.next_columns(1000) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(_) => errors += 1,
+                }
+            }
+        } else {
+            let mut r = p.open(&shard(), Input::Random(file.clone())).unwrap();
+            for _ in 0..100_000 {
+                match r.next() {
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(_) => errors += 1,
+                }
+            }
+        }
+        assert!(
+            errors > 0,
+            "columnar {columnar}: the damaged page went unnoticed"
+        );
+    }
+}
