@@ -52,13 +52,22 @@
 //! | `POST /__stoker/fault?kind=status&status=503&code=SlowDown` | inject an error status (`code` defaults from `status`) |
 //! | `POST /__stoker/fault?kind=reset` | close the connection without answering |
 //! | `POST /__stoker/fault?kind=short&after=1000` | send headers and `after` body bytes, then abort |
-//! | `POST /__stoker/fault?kind=delay&ms=2000` | wait before answering |
+//! | `POST /__stoker/fault?kind=delay&ms=2000` | wait before answering (a slow first byte) |
+//! | `POST /__stoker/fault?kind=stall&after=1000&ms=500` | send `after` body bytes, pause `ms`, send the rest |
+//! | `POST /__stoker/chaos?p=0.2&kinds=status,reset,short,delay,stall&seed=1` | random faults (below); `p=0` stops them |
 //! | `POST /__stoker/latency?ms=10` | set the per-request latency |
-//! | `POST /__stoker/clear` | remove all fault rules |
-//! | `GET /__stoker/stats` | `{"requests":N,"faults":M,"pending":P,"latency_ms":L}` |
+//! | `POST /__stoker/clear` | remove all fault rules and stop chaos |
+//! | `GET /__stoker/stats` | `{"requests":N,"faults":M,"pending":P,"latency_ms":L,"faults_by_kind":{"status":..,"reset":..,"short":..,"delay":..,"stall":..},"chaos":{..}\|null}` |
 //!
 //! Fault requests also take `times=N` (default 1, or `forever`), `method=GET` and
 //! `path=SUBSTRING`. Control requests are neither counted nor subject to latency or faults.
+//!
+//! **Chaos** ([`Chaos`], [`FaultInjector::set_chaos`]) hits each request that no rule takes
+//! with probability `p`, with a fault of a kind drawn uniformly from `kinds`: error statuses
+//! (503 `SlowDown` or 500 `InternalError`; `statuses=503,500`), resets, bodies cut after a
+//! random offset below `max_offset` (default 256 KiB), slow first bytes and mid-body stalls
+//! of `max_delay_ms / 4 ..= max_delay_ms` (default 500), optionally only for one `method`.
+//! Draws come from a generator seeded with `seed`, so a soak can be repeated.
 //!
 //! **Fast on purpose.** Accepted sockets get `TCP_NODELAY` (the stock s3s-fs binary does not
 //! set it, and Nagle's algorithm with delayed ACKs then limits a keep-alive connection to
@@ -100,6 +109,6 @@ mod fault;
 mod options;
 mod server;
 
-pub use fault::{Fault, FaultInjector, FaultRule};
+pub use fault::{Chaos, Fault, FaultCounts, FaultInjector, FaultKind, FaultRule};
 pub use options::{ServerOptions, DEFAULT_ACCESS_KEY, DEFAULT_REGION, DEFAULT_SECRET_KEY};
 pub use server::{TestServer, CONTROL_PREFIX};

@@ -24,7 +24,7 @@ use http::{header, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use super::layer::{Shared, CONTROL_PREFIX};
-use crate::fault::{Fault, FaultRule};
+use crate::fault::{Chaos, Fault, FaultKind, FaultRule};
 
 /// Answers one control request.
 pub(crate) async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<s3s::Body> {
@@ -39,11 +39,12 @@ pub(crate) async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<
         ("stats", &Method::GET | &Method::POST) => Ok(stats(shared)),
         ("fault", &Method::POST) => add_fault(shared, &params),
         ("latency", &Method::POST) => set_latency(shared, &params),
+        ("chaos", &Method::POST) => set_chaos(shared, &params),
         ("clear", &Method::POST) => {
             shared.faults.clear();
             Ok(r#"{"ok":true}"#.to_owned())
         }
-        ("stats" | "fault" | "latency" | "clear", _) => {
+        ("stats" | "fault" | "latency" | "chaos" | "clear", _) => {
             return json(
                 StatusCode::METHOD_NOT_ALLOWED,
                 error_json("method not allowed"),
@@ -63,13 +64,83 @@ pub(crate) async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<
 }
 
 fn stats(shared: &Shared) -> String {
+    let counts = shared.faults.counts();
+    let by_kind: Vec<String> = FaultKind::ALL
+        .into_iter()
+        .map(|k| format!(r#""{}":{}"#, k.name(), counts.get(k)))
+        .collect();
+    let chaos = shared.faults.chaos().map_or_else(
+        || "null".to_owned(),
+        |c| {
+            serde_json::json!({
+                "p": c.probability,
+                "kinds": c.kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
+                "seed": c.seed,
+                "method": c.method,
+                "max_delay_ms": u64::try_from(c.max_delay.as_millis()).unwrap_or(u64::MAX),
+                "max_offset": c.max_offset,
+                "statuses": c.statuses,
+            })
+            .to_string()
+        },
+    );
     format!(
-        r#"{{"requests":{},"faults":{},"pending":{},"latency_ms":{}}}"#,
+        r#"{{"requests":{},"faults":{},"pending":{},"latency_ms":{},"faults_by_kind":{{{}}},"chaos":{chaos}}}"#,
         shared.requests(),
         shared.faults.hits(),
         shared.faults.pending(),
-        shared.latency().as_secs_f64() * 1000.0
+        shared.latency().as_secs_f64() * 1000.0,
+        by_kind.join(",")
     )
+}
+
+/// `p=0.2&kinds=status,reset,short,delay,stall&seed=1` (and optionally `method=GET`,
+/// `max_delay_ms=500`, `max_offset=262144`, `statuses=503,500`); `p=0` turns chaos off.
+fn set_chaos(shared: &Shared, params: &HashMap<String, String>) -> Result<String, String> {
+    let p: f64 = parse_required(params, "p")?;
+    if !(0.0..=1.0).contains(&p) {
+        return Err(format!("p must be in 0..=1, not {p}"));
+    }
+    if p == 0.0 {
+        shared.faults.set_chaos(None);
+        return Ok(r#"{"ok":true,"chaos":null}"#.to_owned());
+    }
+    let kinds = match params.get("kinds").map(String::as_str) {
+        None | Some("" | "all") => FaultKind::ALL.to_vec(),
+        Some(list) => list
+            .split(',')
+            .map(|k| {
+                FaultKind::from_name(k.trim()).ok_or_else(|| {
+                    format!("unknown kind {k:?} (status, reset, short, delay, stall)")
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    let mut chaos = Chaos::new(p, &kinds, parse_or(params, "seed", 0)?);
+    if let Some(m) = params.get("method").filter(|m| !m.is_empty()) {
+        chaos = chaos.method(m.as_str());
+    }
+    if params.contains_key("max_delay_ms") {
+        chaos = chaos.max_delay(Duration::from_millis(parse_required(
+            params,
+            "max_delay_ms",
+        )?));
+    }
+    if params.contains_key("max_offset") {
+        chaos = chaos.max_offset(parse_required(params, "max_offset")?);
+    }
+    if let Some(list) = params.get("statuses").filter(|l| !l.is_empty()) {
+        let statuses = list
+            .split(',')
+            .map(|s| match s.trim().parse::<u16>() {
+                Ok(n) if (400..=599).contains(&n) => Ok(n),
+                _ => Err(format!("bad status {s:?} (400..=599)")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        chaos = chaos.statuses(&statuses);
+    }
+    shared.faults.set_chaos(Some(chaos));
+    Ok(r#"{"ok":true}"#.to_owned())
 }
 
 fn add_fault(shared: &Shared, params: &HashMap<String, String>) -> Result<String, String> {
@@ -94,9 +165,13 @@ fn add_fault(shared: &Shared, params: &HashMap<String, String>) -> Result<String
             after_bytes: parse_or(params, "after", 0)?,
         },
         "delay" => Fault::Delay(Duration::from_millis(parse_required(params, "ms")?)),
+        "stall" => Fault::Stall {
+            after_bytes: parse_or(params, "after", 0)?,
+            pause: Duration::from_millis(parse_required(params, "ms")?),
+        },
         other => {
             return Err(format!(
-                "unknown kind {other:?} (status, reset, short, delay)"
+                "unknown kind {other:?} (status, reset, short, delay, stall)"
             ))
         }
     };
@@ -218,5 +293,44 @@ mod tests {
         set_latency(&shared, &parse_query("ms=2.5")).unwrap();
         assert_eq!(shared.latency(), Duration::from_micros(2500));
         assert!(stats(&shared).contains(r#""faults":1"#));
+        add_fault(&shared, &parse_query("kind=stall&after=100&ms=50")).unwrap();
+        assert!(add_fault(&shared, &parse_query("kind=stall&after=100")).is_err());
+    }
+
+    #[test]
+    fn chaos_from_params() {
+        let shared = Shared::default();
+        let p = parse_query(
+            "p=0.25&kinds=status,reset,stall&seed=9&method=get&max_delay_ms=80&max_offset=10&statuses=429,503",
+        );
+        set_chaos(&shared, &p).unwrap();
+        let c = shared.faults.chaos().unwrap();
+        assert_eq!(c.probability, 0.25);
+        assert_eq!(
+            c.kinds,
+            [FaultKind::Status, FaultKind::Reset, FaultKind::Stall]
+        );
+        assert_eq!(
+            (c.seed, c.method.as_deref(), c.max_delay, c.max_offset),
+            (9, Some("GET"), Duration::from_millis(80), 10)
+        );
+        assert_eq!(c.statuses, [429, 503]);
+        let st: serde_json::Value = serde_json::from_str(&stats(&shared)).unwrap();
+        assert_eq!(
+            st["chaos"]["kinds"],
+            serde_json::json!(["status", "reset", "stall"])
+        );
+        assert_eq!(st["faults_by_kind"]["stall"], 0);
+        assert!(set_chaos(&shared, &parse_query("p=2")).is_err());
+        assert!(set_chaos(&shared, &parse_query("p=0.1&kinds=bogus")).is_err());
+        assert!(set_chaos(&shared, &parse_query("p=0.1&statuses=200")).is_err());
+        assert!(
+            set_chaos(&shared, &parse_query("kinds=reset")).is_err(),
+            "p is required"
+        );
+        set_chaos(&shared, &parse_query("p=0.5")).unwrap();
+        assert_eq!(shared.faults.chaos().unwrap().kinds, FaultKind::ALL);
+        set_chaos(&shared, &parse_query("p=0")).unwrap();
+        assert_eq!(shared.faults.chaos(), None);
     }
 }

@@ -108,6 +108,7 @@ impl Layer {
         }
 
         let mut truncate_after = None;
+        let mut stall = None;
         match fault {
             None => {}
             Some(Fault::Reset) => return Err(Box::new(InjectedFault("connection reset"))),
@@ -118,6 +119,7 @@ impl Layer {
             }
             Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
             Some(Fault::ShortBody { after_bytes }) => truncate_after = Some(after_bytes),
+            Some(Fault::Stall { after_bytes, pause }) => stall = Some((after_bytes, pause)),
         }
 
         let resp = self
@@ -125,9 +127,12 @@ impl Layer {
             .call(req.map(s3s::Body::from))
             .await
             .map_err(StdError::from)?;
-        Ok(match truncate_after {
-            None => resp,
-            Some(n) => resp.map(|body| s3s::Body::http_body(ShortBody::new(body, n))),
+        Ok(match (truncate_after, stall) {
+            (Some(n), _) => resp.map(|body| s3s::Body::http_body(ShortBody::new(body, n))),
+            (None, Some((n, pause))) => {
+                resp.map(|body| s3s::Body::http_body(StallBody::new(body, n, pause)))
+            }
+            (None, None) => resp,
         })
     }
 }
@@ -240,5 +245,126 @@ impl http_body::Body for ShortBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// A response body that delivers the first `remaining` bytes of `inner`, then nothing for
+/// `pause`, then the rest: a stall mid-body. The size hint stays the real one.
+struct StallBody {
+    inner: s3s::Body,
+    remaining: u64,
+    pause: Duration,
+    /// Started when the first `remaining` bytes are out; `None` again never (one stall).
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    stalled: bool,
+}
+
+impl StallBody {
+    fn new(inner: s3s::Body, after_bytes: u64, pause: Duration) -> Self {
+        Self {
+            inner,
+            remaining: after_bytes,
+            pause,
+            sleep: None,
+            stalled: false,
+        }
+    }
+}
+
+impl http_body::Body for StallBody {
+    type Data = Bytes;
+    type Error = StdError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, StdError>>> {
+        if self.remaining == 0 && !self.stalled {
+            let pause = self.pause;
+            let sleep = self
+                .sleep
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(pause)));
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.stalled = true;
+            self.sleep = None;
+        }
+        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return other,
+        };
+        if self.stalled {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        match frame.into_data() {
+            Ok(mut data) => {
+                let len = data.len() as u64;
+                if len > self.remaining {
+                    // Split the chunk: the head now, the tail after the pause.
+                    let keep = usize::try_from(self.remaining).unwrap_or(usize::MAX);
+                    let tail = data.split_off(keep);
+                    self.remaining = 0;
+                    self.inner = s3s::Body::http_body(Prepend {
+                        head: Some(tail),
+                        inner: std::mem::take(&mut self.inner),
+                    });
+                    if data.is_empty() {
+                        // Nothing before the pause: go straight to it.
+                        return self.poll_frame(cx);
+                    }
+                } else {
+                    self.remaining -= len;
+                }
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
+            Err(frame) => Poll::Ready(Some(Ok(frame))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.stalled && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// `head`, then `inner`.
+struct Prepend {
+    head: Option<Bytes>,
+    inner: s3s::Body,
+}
+
+impl http_body::Body for Prepend {
+    type Data = Bytes;
+    type Error = StdError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, StdError>>> {
+        if let Some(head) = self.head.take() {
+            if !head.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(head))));
+            }
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.as_ref().is_none_or(Bytes::is_empty) && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let head = self.head.as_ref().map_or(0, |h| h.len() as u64);
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + head);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + head);
+        }
+        hint
     }
 }

@@ -108,3 +108,61 @@ fn latency_clear_and_errors() {
     assert_eq!(raw(addr, "GET", "/__stoker/nothing").status, 404);
     assert_eq!(server.faults().pending(), 0);
 }
+
+#[test]
+fn chaos_over_http_and_stats_per_kind() {
+    let server = server();
+    let addr = server.addr();
+    let r = raw(
+        addr,
+        "POST",
+        "/__stoker/chaos?p=1&kinds=reset&seed=5&method=GET",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    for _ in 0..3 {
+        assert_eq!(raw(addr, "GET", "/data/obj").status, 0, "reset");
+    }
+    // HEAD is not hit: S3 refuses the unsigned request.
+    assert_eq!(raw(addr, "HEAD", "/data/obj").status, 403);
+    let stats = raw(addr, "GET", "/__stoker/stats").text();
+    assert!(stats.contains(r#""faults":3"#), "{stats}");
+    assert!(
+        stats.contains(r#""faults_by_kind":{"status":0,"reset":3,"short":0,"delay":0,"stall":0}"#),
+        "{stats}"
+    );
+    assert!(stats.contains(r#""kinds":["reset"]"#), "{stats}");
+    assert!(stats.contains(r#""seed":5"#), "{stats}");
+    // p=0 stops it; so does clear.
+    assert_eq!(raw(addr, "POST", "/__stoker/chaos?p=0").status, 200);
+    assert_eq!(raw(addr, "GET", "/data/obj").status, 403);
+    assert!(raw(addr, "GET", "/__stoker/stats")
+        .text()
+        .contains(r#""chaos":null"#));
+    assert_eq!(
+        raw(
+            addr,
+            "POST",
+            "/__stoker/chaos?p=1&kinds=status&statuses=503"
+        )
+        .status,
+        200
+    );
+    assert_eq!(raw(addr, "GET", "/data/obj").status, 503);
+    assert_eq!(raw(addr, "POST", "/__stoker/clear").status, 200);
+    assert_eq!(raw(addr, "GET", "/data/obj").status, 403);
+    assert_eq!(raw(addr, "POST", "/__stoker/chaos?p=1.5").status, 400);
+    assert_eq!(
+        raw(addr, "POST", "/__stoker/chaos?p=0.1&kinds=nope").status,
+        400
+    );
+    assert_eq!(raw(addr, "GET", "/__stoker/chaos?p=0.1").status, 405);
+    // A stall rule over HTTP.
+    let r = raw(addr, "POST", "/__stoker/fault?kind=stall&after=0&ms=300");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let t = Instant::now();
+    assert_eq!(raw(addr, "GET", "/data/obj").status, 403);
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert!(raw(addr, "GET", "/__stoker/stats")
+        .text()
+        .contains(r#""stall":1"#));
+}

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use object_store::path::Path;
 use object_store::ObjectStoreExt as _;
-use stoker_testserver::{Fault, FaultRule, ServerOptions, TestServer};
+use stoker_testserver::{Chaos, Fault, FaultKind, FaultRule, ServerOptions, TestServer};
 
 use crate::support::{pattern, store};
 
@@ -152,4 +152,96 @@ fn blocking_server_serves_other_runtimes_and_stops_on_drop() {
         std::net::TcpStream::connect(addr).is_err(),
         "the listener is closed"
     );
+}
+
+#[tokio::test]
+async fn a_stall_pauses_mid_body_then_delivers_every_byte() {
+    use futures::StreamExt as _;
+    let data = pattern(3 << 20);
+    let server = server_with("big", &data).await;
+    let s = store(&server, "data");
+    let path = Path::from("big");
+    let pause = Duration::from_millis(400);
+    // Mid-chunk (the server reads 1 MiB chunks): the chunk is split around the pause.
+    let after = (1 << 20) + 4321;
+    server.faults().add(
+        FaultRule::new(Fault::Stall {
+            after_bytes: after,
+            pause,
+        })
+        .method("GET"),
+    );
+    let t = Instant::now();
+    let mut stream = s.get(&path).await.unwrap().into_stream();
+    let mut got = Vec::new();
+    let mut gap = Duration::ZERO;
+    let mut last = Instant::now();
+    while let Some(chunk) = stream.next().await {
+        let now = Instant::now();
+        if got.len() as u64 >= after {
+            gap = gap.max(now - last);
+        }
+        got.extend_from_slice(&chunk.unwrap());
+        last = now;
+    }
+    assert_eq!(got, data, "every byte, in order");
+    assert!(t.elapsed() >= pause, "{:?}", t.elapsed());
+    assert!(
+        gap >= pause / 2,
+        "the pause came after the first bytes: {gap:?}"
+    );
+    assert_eq!(server.faults().counts().stall, 1);
+    // A body shorter than the offset is sent whole, at once.
+    server.put_object("data", "small", b"tiny").unwrap();
+    server.faults().add(FaultRule::new(Fault::Stall {
+        after_bytes: 100,
+        pause: Duration::from_secs(30),
+    }));
+    let t = Instant::now();
+    let got = s.get(&Path::from("small")).await.unwrap().bytes().await;
+    assert_eq!(got.unwrap(), "tiny");
+    assert!(t.elapsed() < Duration::from_secs(20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_hits_requests_at_random_and_counts_by_kind() {
+    let data = pattern(300_000);
+    let server = server_with("obj", &data).await;
+    let s = store(&server, "data");
+    let path = Path::from("obj");
+    server.faults().set_chaos(Some(
+        Chaos::new(0.5, &FaultKind::ALL, 42)
+            .max_delay(Duration::from_millis(40))
+            .max_offset(200_000),
+    ));
+    let (mut ok, mut failed) = (0u64, 0u64);
+    for _ in 0..120 {
+        // A request that fails, or whose body is cut, is an error; a delayed or stalled one
+        // is whole.
+        match s.get(&path).await {
+            Ok(r) => match r.bytes().await {
+                Ok(b) => {
+                    assert_eq!(b, data, "a body that arrives whole is the right one");
+                    ok += 1;
+                }
+                Err(_) => failed += 1,
+            },
+            Err(_) => failed += 1,
+        }
+    }
+    let c = server.faults().counts();
+    assert_eq!(c.total(), server.faults().hits());
+    assert!(
+        (30..=90).contains(&c.total()),
+        "about half of 120 requests: {c:?}"
+    );
+    for k in FaultKind::ALL {
+        assert!(c.get(k) > 0, "{k:?} never drawn: {c:?}");
+    }
+    // Errors are exactly the failing kinds (statuses, resets, cuts).
+    assert_eq!(failed, c.status + c.reset + c.short, "{c:?}");
+    assert_eq!(ok + failed, 120);
+    server.faults().clear();
+    assert_eq!(s.get(&path).await.unwrap().bytes().await.unwrap(), data);
+    assert_eq!(server.faults().counts().total(), c.total());
 }
