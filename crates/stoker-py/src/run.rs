@@ -94,7 +94,19 @@ impl Drop for PyRun {
     fn drop(&mut self) {
         if std::process::id() == self.pid && !self.holds.get_mut().is_empty() {
             // Python drops its objects with the GIL held; `attach` only makes that explicit.
-            Python::attach(|py| self.release_holds(py));
+            Python::attach(|py| {
+                // A run is often dropped while an exception is on its way out of the loop
+                // that iterated it (`raise` in the body, Ctrl-C): CPython then deallocates
+                // the iterator with that exception set. Calling into Python with an
+                // exception set is undefined (a `SystemError` from the first C call that
+                // checks, then a crash), so it is set aside for the releases and put back
+                // after them, untouched.
+                let pending = PyErr::take(py);
+                self.release_holds(py);
+                if let Some(e) = pending {
+                    e.restore(py);
+                }
+            });
         }
         if let Some(run) = self.run.get_mut().take() {
             if std::process::id() == self.pid {

@@ -54,6 +54,26 @@ fn runtime_for(command: &args::Command) -> tokio::runtime::Builder {
     }
 }
 
+/// An error and its causes on one line, each cause once. Many of the engine's errors
+/// already carry their cause's text in their own message (so that a library user who prints
+/// only the top error still sees why), and anyhow's `{:#}` appends every cause again after
+/// it: a cause whose text is already in what was printed before it is left out.
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        let text = text.trim();
+        if text.is_empty() || out.contains(text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(text);
+    }
+    out
+}
+
 fn main() -> std::process::ExitCode {
     disable_transparent_huge_pages();
     let cli = args::Cli::parse();
@@ -66,6 +86,8 @@ fn main() -> std::process::ExitCode {
             }),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: in a log file or a pipe they are noise.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = match runtime_for(&cli.command).enable_all().build() {
         Ok(r) => r,
@@ -95,8 +117,58 @@ fn main() -> std::process::ExitCode {
                     return std::process::ExitCode::SUCCESS;
                 }
             }
-            eprintln!("stoker: error: {e:#}");
+            eprintln!("stoker: error: {}", describe(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+
+    #[derive(Debug)]
+    struct Wrapped(&'static str, Option<Box<Wrapped>>);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|w| w as _)
+        }
+    }
+
+    #[test]
+    fn an_error_chain_prints_each_cause_once() {
+        // What the engine's errors look like: each message already ends with its cause's.
+        let inner = Wrapped("connection reset by peer", None);
+        let mid = Wrapped(
+            "GET s3://b/k bytes 0-99 failed after 3 attempts: connection reset by peer",
+            Some(Box::new(inner)),
+        );
+        let top = Wrapped(
+            "reading s3://b/k: GET s3://b/k bytes 0-99 failed after 3 attempts: connection \
+             reset by peer",
+            Some(Box::new(mid)),
+        );
+        let e = anyhow::Error::new(top).context("stoker cat s3://b/k");
+        let text = describe(&e);
+        assert_eq!(
+            text.matches("connection reset by peer").count(),
+            1,
+            "{text}"
+        );
+        assert_eq!(text.matches("failed after 3 attempts").count(), 1, "{text}");
+        assert!(
+            text.starts_with("stoker cat s3://b/k: reading s3://b/k"),
+            "{text}"
+        );
+        // Causes that add something are kept, in order.
+        let e = anyhow::Error::new(Wrapped("no such file", None)).context("opening spec.toml");
+        assert_eq!(describe(&e), "opening spec.toml: no such file");
     }
 }
