@@ -2,6 +2,7 @@
 //! strings (`endpoint`, `part_size`, `metadata_ttl`, ...) by [`StoreOptions::set`], so the
 //! CLI, Python and spec files all speak the same configuration language.
 
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,8 +12,52 @@ use crate::error::{Error, Result};
 
 const MIB: u64 = 1 << 20;
 
+/// What a secret shows in `Debug` output.
+fn redacted(v: &Option<String>) -> Option<&'static str> {
+    v.as_ref().map(|_| "<redacted>")
+}
+
+impl fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let extra: Vec<(&str, &str)> = self
+            .extra
+            .iter()
+            .map(|(k, _)| (k.as_str(), "<redacted>"))
+            .collect();
+        f.debug_struct("StoreOptions")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &redacted(&self.secret_access_key))
+            .field("session_token", &redacted(&self.session_token))
+            .field("allow_http", &self.allow_http)
+            .field("virtual_hosted_style", &self.virtual_hosted_style)
+            .field("skip_signature", &self.skip_signature)
+            .field("part_size", &self.part_size)
+            .field("max_concurrency", &self.max_concurrency)
+            .field("fetch_concurrency", &self.fetch_concurrency)
+            .field("read_ahead_initial", &self.read_ahead_initial)
+            .field("read_ahead_max", &self.read_ahead_max)
+            .field("memory_limit", &self.memory_limit)
+            .field("cache_memory", &self.cache_memory)
+            .field("cache_dir", &self.cache_dir)
+            .field("cache_disk_bytes", &self.cache_disk_bytes)
+            .field("metadata_ttl", &self.metadata_ttl)
+            .field("max_retries", &self.max_retries)
+            .field("retry_timeout", &self.retry_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("follow_symlinks", &self.follow_symlinks)
+            .field("extra", &extra)
+            .finish()
+    }
+}
+
 /// How to reach a store and how hard to drive it.
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` form names which credentials are set, never their values (nor the values of
+/// `extra` options, which may be a backend's keys): options are printed in logs and panics.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct StoreOptions {
     /// Custom S3 endpoint (MinIO, Ceph, a test server). `AWS_ENDPOINT_URL` also works.
@@ -327,6 +372,23 @@ impl StoreOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_output_never_shows_a_secret() {
+        let mut o = StoreOptions::default().with_credentials("AKIDPUBLIC", "s3cr3t-value");
+        o.session_token = Some("t0ken-value".into());
+        o.extra
+            .push(("azure_storage_account_key".into(), "azur3-key".into()));
+        let text = format!("{o:?} {o:#?}");
+        for secret in ["s3cr3t-value", "t0ken-value", "azur3-key"] {
+            assert!(!text.contains(secret), "{text}");
+        }
+        assert!(
+            text.contains("AKIDPUBLIC") && text.contains("<redacted>"),
+            "{text}"
+        );
+        assert!(text.contains("azure_storage_account_key"), "{text}");
+    }
 
     #[test]
     fn string_keys_set_fields() {
