@@ -14,6 +14,12 @@ cd "$(dirname "$0")"
 
 SECS="${1:-15}"
 export RUSTC_BOOTSTRAP=1
+# The instrumented build (every dependency with coverage and AddressSanitizer) takes 10-20
+# minutes from nothing on two cores and a minute or two after a change, so it lives outside
+# the checkout, where every clone on this machine (CI's fresh ones included) reuses it.
+# STOKER_FUZZ_TARGET_DIR (or CARGO_TARGET_DIR) puts it elsewhere.
+export CARGO_TARGET_DIR="${STOKER_FUZZ_TARGET_DIR:-${CARGO_TARGET_DIR:-$HOME/.cache/stoker/fuzz-target}}"
+mkdir -p "$CARGO_TARGET_DIR"
 # Niceness for shared machines (NICE=0 to run at normal priority).
 NICE="${NICE:-10}"
 
