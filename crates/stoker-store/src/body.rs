@@ -245,6 +245,12 @@ impl Body {
             });
         }
         inner.metrics.resumes.fetch_add(1, Ordering::Relaxed);
+        if cut.is_some() && !self.local {
+            inner
+                .metrics
+                .resumes_after_transport_error
+                .fetch_add(1, Ordering::Relaxed);
+        }
         tracing::debug!(url = %crate::escape_key(&self.url()), got = self.received, expected = self.expected(), "body cut short; resuming");
         tokio::time::sleep(backoff(self.attempts)).await;
         self.request().await

@@ -111,6 +111,9 @@ pub struct Metrics {
     pub(crate) list_requests: AtomicU64,
     pub(crate) bytes_read: AtomicU64,
     pub(crate) resumes: AtomicU64,
+    /// Resumes after a body that failed mid-way over HTTP: that failure is counted already
+    /// (a transport error, by [`MeteredBody`]), so these are not counted twice as retries.
+    pub(crate) resumes_after_transport_error: AtomicU64,
     pub(crate) failed_reads: AtomicU64,
     pub(crate) objects_fetched: AtomicU64,
     pub(crate) http: HttpCounters,
@@ -151,7 +154,7 @@ pub struct MetricsSnapshot {
     pub http_server_errors: u64,
     /// HTTP attempts with a 4xx other than 429 (404 on a probe, 416, 403...).
     pub http_client_errors: u64,
-    /// HTTP attempts that failed below HTTP (reset, refused, timeout).
+    /// HTTP attempts that failed below HTTP (reset, refused, timeout, a body cut mid-way).
     pub http_transport_errors: u64,
     /// Retries made: failed attempts that were tried again, plus resumed bodies.
     pub retries: u64,
@@ -268,7 +271,8 @@ impl Metrics {
             http_server_errors: l(&http.status_5xx),
             http_client_errors: l(&http.status_4xx),
             http_transport_errors: l(&http.transport_errors),
-            retries: failed_attempts.saturating_sub(l(&self.failed_reads)) + resumes,
+            retries: (failed_attempts + resumes)
+                .saturating_sub(l(&self.failed_reads) + l(&self.resumes_after_transport_error)),
             resumes,
             failed_reads: l(&self.failed_reads),
             latency_samples: latency_buckets.iter().sum(),
@@ -323,6 +327,14 @@ impl HttpService for MeteredService {
             };
         }
         h.latency.record(start.elapsed());
+        let out = out.map(|resp| {
+            resp.map(|body| {
+                HttpResponseBody::new(MeteredBody {
+                    inner: body,
+                    metrics: self.metrics.clone(),
+                })
+            })
+        });
         match &out {
             Ok(resp) => {
                 let s = resp.status().as_u16();
@@ -339,6 +351,43 @@ impl HttpService for MeteredService {
             }
         }
         out
+    }
+}
+
+/// A response body that counts a failure mid-way (a reset, a body cut short) as a transport
+/// error: `object_store` retries those itself, from the next byte, where [`MeteredService`]
+/// does not see them, and without this they were counted as neither failed attempts nor
+/// retries.
+#[derive(Debug)]
+struct MeteredBody {
+    inner: HttpResponseBody,
+    metrics: Arc<Metrics>,
+}
+
+impl http_body::Body for MeteredBody {
+    type Data = bytes::Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Err(_))) = &r {
+            self.metrics
+                .http
+                .transport_errors
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -92,6 +92,31 @@ async fn server_errors_and_resets_are_retried() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_cut_short_and_retried_by_object_store_is_counted_as_a_retry() {
+    // One cut, within object_store's own body retries: it asks for the rest itself, where
+    // the metering connector sees a second request but no failed one (found by the chaos
+    // soak, tests/chaos.rs in the stoker crate: 121 cuts, 0 retries counted).
+    let (server, store) = setup(fast_retries()).await;
+    server.faults().add(
+        FaultRule::new(Fault::ShortBody {
+            after_bytes: 10_000,
+        })
+        .method("GET"),
+    );
+    let got = store.get("small.bin").await.unwrap();
+    assert_eq!(got, data(100_000));
+    let m = store.metrics();
+    assert_eq!(server.faults().hits(), 1);
+    assert_eq!(m.http_transport_errors, 1, "{m:?}");
+    assert_eq!(m.retries, 1, "{m:?}");
+    assert_eq!(
+        m.resumes, 0,
+        "object_store's retry, not Stoker's resume: {m:?}"
+    );
+    assert_eq!(m.failed_reads, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_bodies_resume_from_the_last_byte() {
     // More cuts than object_store's own body retries allow (2), so Stoker's resume runs too.
     let opts = StoreOptions::default()
