@@ -1257,6 +1257,37 @@ fn pids_with(words: &[&str]) -> Vec<i32> {
         .collect()
 }
 
+/// Whether process `pid` is gone or a zombie (it holds nothing any more).
+fn is_dead(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        Ok(st) => st
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => true,
+    }
+}
+
+/// Runs `cmd` to completion, its output collected; fails the test (killing it) if it has
+/// not exited within `t`, with what it printed so far and the mount table.
+fn output_within(cmd: &mut Command, t: Duration) -> std::process::Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if wait_timeout(&mut child, t).is_none() {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "{cmd:?} did not exit within {t:?}; it printed {out:?}; mounts: {:?}",
+            std::fs::read_to_string("/proc/self/mountinfo").unwrap()
+        );
+    }
+    child.wait_with_output().unwrap()
+}
+
 #[test]
 fn a_stale_mount_point_says_how_to_fix_it() {
     if !fuse_or_skip() {
@@ -1265,21 +1296,41 @@ fn a_stale_mount_point_says_how_to_fix_it() {
     let s = server();
     let mut m = Mounted::start(&s, "s3://mnt/", &[]);
     let p = m.path().to_path_buf();
-    // The watcher first, then the daemon: nothing is left to unmount the dead mount.
-    for pid in pids_with(&["stoker-mount-watcher", p.to_str().unwrap()]) {
-        signal(pid as u32, libc::SIGKILL);
+    // The watcher first, then the daemon: nothing is left to unmount the dead mount. The
+    // watcher is the daemon's child; it must be dead before the daemon dies, or it would
+    // unmount (and a mount started on the then plain directory would run for ever).
+    let daemon = m.pid() as i32;
+    let watchers: Vec<i32> = pids_with(&["stoker-mount-watcher"])
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|st| {
+                st.lines()
+                    .any(|l| l.split_whitespace().eq(["PPid:", &daemon.to_string()]))
+            })
+        })
+        .collect();
+    assert_eq!(watchers.len(), 1, "the daemon's watcher: {watchers:?}");
+    signal(watchers[0] as u32, libc::SIGKILL);
+    let end = Instant::now() + Duration::from_secs(20);
+    while !is_dead(watchers[0]) {
+        assert!(Instant::now() < end, "the watcher outlived SIGKILL");
+        std::thread::sleep(Duration::from_millis(10));
     }
     let mut child = m.child.take().unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
-    let e = std::fs::metadata(&p).unwrap_err();
+    let e = within(Duration::from_secs(30), {
+        let p = p.clone();
+        move || std::fs::metadata(&p).unwrap_err()
+    });
     assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
-    let out = stoker(&s)
-        .args(["mount", "s3://mnt/"])
-        .arg(&p)
-        .args(["--foreground"])
-        .output()
-        .unwrap();
+    let out = output_within(
+        stoker(&s)
+            .args(["mount", "s3://mnt/"])
+            .arg(&p)
+            .args(["--foreground"]),
+        Duration::from_secs(60),
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -1288,7 +1339,7 @@ fn a_stale_mount_point_says_how_to_fix_it() {
         "{err}"
     );
     // And that is what fixes it.
-    let out = stoker(&s).arg("unmount").arg(&p).output().unwrap();
+    let out = output_within(stoker(&s).arg("unmount").arg(&p), Duration::from_secs(60));
     assert!(out.status.success(), "{out:?}");
     assert!(std::fs::metadata(&p).unwrap().is_dir());
     assert!(!is_mounted(&p));
