@@ -49,6 +49,8 @@ from . import _native
 
 _SHM_DIR = "/dev/shm"
 _PREFIX = "stoker-"
+# The longest close() waits for a worker being started to be stopped (seconds).
+_START_WAIT_S = 60.0
 _MIN_SEGMENT = 1 << 20
 _ALIGN = 64
 #: Dtypes a result's arrays may have (those of Stoker tensors).
@@ -419,6 +421,9 @@ class _Pool:
         self.started = 0
         self.next_index = 0
         self.closed = False
+        # Threads starting a worker now (acquire() between taking a slot and handing the
+        # worker out).
+        self.starting: set[int] = set()
         _open_pools.add(self)
 
     def acquire(self) -> _Worker:
@@ -434,8 +439,18 @@ class _Pool:
                     self.started += 1
                     index = self.next_index
                     self.next_index += 1
+                    # close() waits for this start to finish (or to undo itself).
+                    self.starting.add(threading.get_ident())
                     break
                 self.cond.wait()
+        try:
+            return self._start(index)
+        finally:
+            with self.cond:
+                self.starting.discard(threading.get_ident())
+                self.cond.notify_all()
+
+    def _start(self, index: int) -> _Worker:
         try:
             if multiprocessing.current_process().daemon:
                 raise _failure(
@@ -454,6 +469,8 @@ class _Pool:
             if not self.closed:
                 self.busy.add(w)
                 return w
+        # The run ended while this worker started: it is stopped here, before close()
+        # (which waits for starts in flight) returns.
         w.stop()
         w.release_resources()
         self._remove_names(w.name)
@@ -481,9 +498,17 @@ class _Pool:
             if self.closed:
                 return
             self.closed = True
+            self.cond.notify_all()
+            # A worker being started as the run ends is stopped by the thread starting it:
+            # waiting for that keeps the promise that no worker outlives its run. Not by a
+            # thread that is itself starting one (a garbage collection there can end the
+            # run), and not for ever (a start that hangs is a bug to see, not a hung exit).
+            me = threading.get_ident()
+            self.cond.wait_for(
+                lambda: not (self.starting - {me}), timeout=_START_WAIT_S
+            )
             idle, busy = self.idle, list(self.busy)
             self.idle = []
-            self.cond.notify_all()
         for w in idle:
             w.stop()
             w.release_resources()
