@@ -58,7 +58,7 @@ pub use fused::DecodeRandomResizedCrop;
 pub use geometry::{
     CenterCrop, CropBox, Flip, Pad, PaddingMode, RandomCrop, RandomFlip, RandomResizedCrop,
 };
-pub use jpeg::{decode_jpeg, DctScale, JpegRegion};
+pub use jpeg::{decode_jpeg, encode_jpeg, DctScale, JpegRegion};
 pub use resize::{Interpolation, Resize};
 
 /// A borrowed `[H, W, C]` u8 image.

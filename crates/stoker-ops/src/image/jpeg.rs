@@ -753,6 +753,92 @@ pub(crate) fn exif_orientation(tiff: &[u8]) -> Option<u8> {
     None
 }
 
+/// Encodes an 8-bit RGB image (`height` rows of `width * 3` bytes) as a baseline JPEG with
+/// 4:2:0 chroma subsampling at `quality` (1-100), as cameras and most datasets store them.
+/// For generating test and demo data; the pipelines only decode.
+pub fn encode_jpeg(rgb: &[u8], width: usize, height: usize, quality: u8) -> Result<Vec<u8>, Error> {
+    if width == 0 || height == 0 || rgb.len() != width * height * 3 {
+        return Err(Error::operator(format!(
+            "encode_jpeg: {} bytes is not a {width}x{height} RGB image",
+            rgb.len()
+        )));
+    }
+    if !(1..=100).contains(&quality) {
+        return Err(Error::operator(format!(
+            "encode_jpeg: quality {quality} is not in 1-100"
+        )));
+    }
+    let (Ok(w), Ok(h), Ok(pitch)) = (
+        i32::try_from(width),
+        i32::try_from(height),
+        i32::try_from(width * 3),
+    ) else {
+        return Err(Error::operator(format!(
+            "encode_jpeg: {width}x{height} is too large"
+        )));
+    };
+    struct Compressor(tj::tjhandle);
+    impl Drop for Compressor {
+        fn drop(&mut self) {
+            // SAFETY: the handle came from tj3Init and is destroyed once.
+            unsafe { tj::tj3Destroy(self.0) }
+        }
+    }
+    // SAFETY: plain constructor; null on failure.
+    let c = Compressor(unsafe { tj::tj3Init(tj::TJINIT_TJINIT_COMPRESS as i32) });
+    if c.0.is_null() {
+        return Err(Error::operator(
+            "encode_jpeg: cannot create a TurboJPEG compressor",
+        ));
+    }
+    let fail = |what: &str| {
+        // SAFETY: a valid handle; the message is NUL-terminated and owned by it.
+        let msg = unsafe {
+            let p = tj::tj3GetErrorStr(c.0);
+            if p.is_null() {
+                "unknown TurboJPEG error".to_string()
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        };
+        Error::operator(format!("encode_jpeg: {what}: {msg}"))
+    };
+    // SAFETY: a valid handle; the parameters and values are TurboJPEG's.
+    unsafe {
+        if tj::tj3Set(c.0, tj::TJPARAM_TJPARAM_QUALITY as i32, i32::from(quality)) != 0
+            || tj::tj3Set(
+                c.0,
+                tj::TJPARAM_TJPARAM_SUBSAMP as i32,
+                tj::TJSAMP_TJSAMP_420,
+            ) != 0
+        {
+            return Err(fail("cannot set the quality"));
+        }
+    }
+    let mut buf: *mut u8 = std::ptr::null_mut();
+    let mut size: tj::size_t = 0;
+    // SAFETY: `rgb` holds `h` rows of `pitch` bytes (checked above); TurboJPEG allocates
+    // `buf`, which is copied and then freed with tj3Free whatever the outcome.
+    unsafe {
+        let rc = tj::tj3Compress8(
+            c.0,
+            rgb.as_ptr(),
+            w,
+            pitch,
+            h,
+            tj::TJPF_TJPF_RGB,
+            &mut buf,
+            &mut size,
+        );
+        let out = (rc == 0 && !buf.is_null())
+            .then(|| std::slice::from_raw_parts(buf, size as usize).to_vec());
+        if !buf.is_null() {
+            tj::tj3Free(buf.cast());
+        }
+        out.ok_or_else(|| fail("cannot compress"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -818,5 +904,28 @@ mod tests {
         // Values PIL 13 gives for the same CMYK pixels.
         assert_eq!(cmyk_to_rgb(&[10, 20, 30, 40], false), vec![207, 198, 190]);
         assert_eq!(cmyk_to_rgb(&[200, 100, 50, 25], false), vec![50, 140, 185]);
+    }
+
+    #[test]
+    fn an_encoded_image_decodes_to_nearly_the_same_pixels() {
+        let (w, h) = (67, 45);
+        // A smooth gradient, different in each channel.
+        let rgb: Vec<u8> = (0..w * h * 3)
+            .map(|i| ((i / 3 % w) * 2 + i / 3 / w + i % 3 * 20) as u8)
+            .collect();
+        let jpg = encode_jpeg(&rgb, w, h, 95).unwrap();
+        assert_eq!(&jpg[..2], &[0xFF, 0xD8]);
+        let (t, _) = decode_jpeg(&jpg, &DecodeImage::default(), DctScale::FULL, None).unwrap();
+        assert_eq!(t.shape(), &[h, w, 3]);
+        let got = t.data();
+        let err: Vec<i32> = got
+            .iter()
+            .zip(&rgb)
+            .map(|(a, b)| (*a as i32 - *b as i32).abs())
+            .collect();
+        let mean = err.iter().sum::<i32>() as f64 / err.len() as f64;
+        assert!(mean < 2.0 && err.iter().all(|e| *e < 16), "mean {mean}");
+        assert!(encode_jpeg(&rgb, w, h + 1, 90).is_err());
+        assert!(encode_jpeg(&rgb, w, h, 0).is_err());
     }
 }
