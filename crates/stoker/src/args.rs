@@ -226,24 +226,29 @@ pub struct IndexArgs {
     pub store: StoreArgs,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Clone)]
 pub struct DemoArgs {
-    /// Small objects to generate.
-    #[arg(long, default_value_t = 1000)]
-    pub objects: usize,
-    /// Size of each small object.
-    #[arg(long, default_value = "110KiB")]
-    pub object_size: ByteSize,
-    /// Size of the one large object.
+    /// JPEGs to generate (ImageNet-like: photograph-like content, 300-500 px on the short
+    /// side, about 110 KB).
+    #[arg(long, visible_alias = "objects", default_value_t = 1000)]
+    pub images: usize,
+    /// Epochs of the pipeline (and of the naive loader).
+    #[arg(long, default_value_t = 2)]
+    pub epochs: u64,
+    /// Threads of the engine, and of the naive loader's pool (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Size of the one large object (the storage section).
     #[arg(long, default_value = "256MiB")]
     pub large_size: ByteSize,
     /// Latency the embedded server adds to each request, like a real object store.
     #[arg(long, default_value_t = 10)]
     pub latency_ms: u64,
-    /// Directory for the generated data (default: a temporary directory).
+    /// Directory for the generated data, reused by a later run with the same sizes
+    /// (default: a temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// Print the result as JSON.
+    /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
 }

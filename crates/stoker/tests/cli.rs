@@ -203,3 +203,59 @@ fn keys_are_escaped_on_the_terminal() {
         "{err:?}"
     );
 }
+
+#[test]
+fn demo_json_decodes_every_image_of_every_epoch_and_reports_the_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(["demo", "--json", "--images", "40", "--large-size", "2MiB"])
+        .args(["--latency-ms", "2", "--threads", "2", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Two epochs of 40 images, each decoded, cropped, flipped and normalized.
+    assert_eq!(v["pipeline"]["images"], 80, "{v}");
+    assert_eq!(v["pipeline"]["epochs"], 2);
+    assert_eq!(
+        v["pipeline"]["batches"], 2,
+        "40 images are one batch of 64 per epoch"
+    );
+    assert_eq!(v["baseline"]["images"], 80, "{v}");
+    for k in ["images_per_s", "first_batch_s"] {
+        for side in ["pipeline", "baseline"] {
+            let x = v[side][k].as_f64().unwrap();
+            assert!(x.is_finite() && x > 0.0, "{side}.{k} = {x}");
+        }
+    }
+    let ratio = v["ratio"].as_f64().unwrap();
+    let want = v["pipeline"]["images_per_s"].as_f64().unwrap()
+        / v["baseline"]["images_per_s"].as_f64().unwrap();
+    assert!((ratio - want).abs() < 1e-9 * want, "{ratio} {want}");
+    // The first epoch fetched every image once; the second came from the cache.
+    let bytes = v["dataset"]["bytes"].as_u64().unwrap();
+    assert_eq!(v["pipeline"]["bytes_fetched"], bytes, "{v}");
+    assert_eq!(v["pipeline"]["cache_hits"], 40, "{v}");
+    // The naive loader has no cache: both epochs fetched everything.
+    assert_eq!(v["baseline"]["bytes_fetched"], 2 * bytes);
+    // Real JPEGs of ImageNet's sizes.
+    let mean = v["dataset"]["mean_bytes"].as_u64().unwrap();
+    assert!((70_000..160_000).contains(&mean), "{mean}");
+    assert!(v["dataset"]["short_side_min"].as_u64().unwrap() >= 300);
+    assert!(v["dataset"]["short_side_max"].as_u64().unwrap() <= 500);
+    assert_eq!(v["storage"]["bytes"], 2 << 20);
+    let jpg = std::fs::read(dir.path().join("demo/images/class_00/img_00000.jpg")).unwrap();
+    assert_eq!(&jpg[..3], &[0xFF, 0xD8, 0xFF], "a JPEG");
+    // A second run reuses the generated images.
+    let again = std::process::Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(["demo", "--json", "--images", "40", "--large-size", "2MiB"])
+        .args(["--latency-ms", "2", "--epochs", "1", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(again.status.success(), "{again:?}");
+    let w: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(w["dataset"]["bytes"], bytes);
+    assert_eq!(w["pipeline"]["images"], 40);
+}
