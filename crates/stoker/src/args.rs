@@ -251,6 +251,11 @@ pub struct DemoArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Internal: run one loader (`pipeline` or `naive`) against the server named in the
+    /// environment and print its report as JSON; the demo runs each loader in a process of
+    /// its own so that each one's peak memory is its own.
+    #[arg(long, hide = true)]
+    pub loader: Option<String>,
 }
 
 #[derive(Debug, Args)]

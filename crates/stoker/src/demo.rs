@@ -7,12 +7,16 @@
 //!
 //! 1. runs the ImageNet training pipeline (decode, RandomResizedCrop 224, horizontal flip,
 //!    normalize to float32 CHW, batches of 64) through the engine for two shuffled epochs;
-//! 2. runs a naive loader over the same objects in the same process: per image one GET, then
-//!    a full decode and the same transforms, in a thread pool as large as the engine's (what
-//!    a `DataLoader` with one worker per core does), with no cache, for the same epochs;
+//! 2. runs a naive loader over the same objects in the same run: per image one GET, then a
+//!    full decode and the same transforms, in a thread pool as large as the engine's (what a
+//!    `DataLoader` with one worker per core does), with no cache, for the same epochs;
 //! 3. reads the large object as parallel ranged GETs (the storage engine alone).
 //!
-//! It prints images/s, time to the first batch, bytes fetched, peak memory and the ratio.
+//! Each loader runs in a child process of its own (this binary, `demo --loader NAME`, told
+//! the server's address and keys through the environment), so that the peak resident set
+//! each reports is its own: neither the generator, nor the server, nor the other loader's
+//! freed memory counts. It prints images/s (over the whole run and over the cold first
+//! epoch), time to the first batch, bytes fetched, peak memory and the ratio.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,7 +26,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use stoker_ops::image as ops;
 use stoker_store::{Store, StoreOptions};
 use stoker_testserver::{ServerOptions, TestServer};
@@ -45,9 +49,12 @@ struct DemoReport {
     dataset: Dataset,
     pipeline: PipelineReport,
     baseline: BaselineReport,
-    /// Pipeline images/s over the naive loader's.
+    /// Pipeline images/s over the naive loader's, over every epoch.
     ratio: f64,
+    /// The same over the first epoch alone (both cold: nothing cached yet).
+    first_epoch_ratio: f64,
     storage: StorageReport,
+    /// CPU seconds of the whole run (generation, server, both loaders).
     cpu_seconds: f64,
 }
 
@@ -62,7 +69,7 @@ struct Dataset {
     jpeg_quality: u8,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct PipelineReport {
     /// The pipeline, as `stoker run` takes it.
     spec: String,
@@ -79,14 +86,16 @@ struct PipelineReport {
     bytes_fetched: u64,
     requests: u64,
     cache_hits: u64,
-    /// The process's peak resident set while the pipeline ran.
+    /// The peak resident set of the pipeline's process (the loader alone).
     peak_rss_bytes: u64,
     memory_limit_bytes: u64,
     memory_peak_bytes: u64,
-    stages: Vec<stoker_pipeline::StageStats>,
+    /// The pipeline's stages, as `stoker run --json` reports them.
+    stages: Vec<serde_json::Value>,
+    cpu_seconds: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct BaselineReport {
     what: String,
     threads: usize,
@@ -96,9 +105,12 @@ struct BaselineReport {
     images_per_s: f64,
     /// From the start (listing included) to the 64th image (a batch).
     first_batch_s: f64,
+    epoch_seconds: Vec<f64>,
     bytes_fetched: u64,
     requests: u64,
+    /// The peak resident set of the naive loader's process.
     peak_rss_bytes: u64,
+    cpu_seconds: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -107,12 +119,6 @@ struct StorageReport {
     seconds: f64,
     mib_per_s: f64,
     requests: u64,
-}
-
-/// Resets the process's peak resident set to its current one (Linux `clear_refs` 5), so
-/// that each part of the demo reports its own peak. Without it the peaks are cumulative.
-fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 /// A photograph-like RGB image: smooth large-scale colour fields (sky, ground, walls), a
@@ -378,7 +384,6 @@ fn run_pipeline(
         toml::from_str(&spec).context("the demo's pipeline spec")?;
     let p = parsed.build(opts)?;
     let pb = images_bar(quiet, total, "pipeline");
-    reset_peak_rss();
     let t0 = Instant::now();
     let mut run = p.run()?;
     let per_epoch = run.shards() as u64;
@@ -420,7 +425,12 @@ fn run_pipeline(
         peak_rss_bytes: peak_rss,
         memory_limit_bytes: st.memory.limit,
         memory_peak_bytes: st.memory.peak,
-        stages: st.stages.clone(),
+        stages: st
+            .stages
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()?,
+        cpu_seconds: cpu_seconds(),
     })
 }
 
@@ -436,8 +446,8 @@ fn run_baseline(
     quiet: bool,
 ) -> anyhow::Result<BaselineReport> {
     let pb = images_bar(quiet, total, "naive");
-    reset_peak_rss();
     let t0 = Instant::now();
+    let mut epoch_seconds = Vec::new();
     let images = AtomicU64::new(0);
     let (mut bytes, mut requests) = (0u64, 0u64);
     let mut first_batch_s = None;
@@ -446,6 +456,7 @@ fn run_baseline(
     let to_tensor = ops::ToTensor::imagenet();
     let decode = ops::DecodeImage::default();
     for epoch in 0..epochs {
+        let te = Instant::now();
         let store = Store::open(
             &format!("s3://{BUCKET}/images/"),
             opts.clone().with_cache_memory(0),
@@ -508,6 +519,7 @@ fn run_baseline(
         let m = store.metrics();
         bytes += m.bytes_read;
         requests += m.http_requests;
+        epoch_seconds.push(te.elapsed().as_secs_f64());
     }
     let seconds = t0.elapsed().as_secs_f64();
     pb.finish_and_clear();
@@ -523,13 +535,94 @@ fn run_baseline(
         seconds,
         images_per_s: images as f64 / seconds,
         first_batch_s: first_batch_s.unwrap_or(seconds),
+        epoch_seconds,
         bytes_fetched: bytes,
         requests,
         peak_rss_bytes: peak_rss_bytes(),
+        cpu_seconds: cpu_seconds(),
     })
 }
 
+/// Where a loader's process finds the server (set by the parent for `demo --loader`).
+const ENV_ENDPOINT: &str = "STOKER_DEMO_ENDPOINT";
+const ENV_ACCESS_KEY: &str = "STOKER_DEMO_ACCESS_KEY";
+const ENV_SECRET_KEY: &str = "STOKER_DEMO_SECRET_KEY";
+const ENV_REGION: &str = "STOKER_DEMO_REGION";
+
+/// Runs one loader in a process of its own and returns the report it prints.
+async fn loader_process<T: serde::de::DeserializeOwned + Send + 'static>(
+    name: &'static str,
+    a: &DemoArgs,
+    threads: usize,
+    server: &TestServer,
+) -> anyhow::Result<T> {
+    let exe = std::env::current_exe().context("finding this program to run a loader")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("demo")
+        .args(["--loader", name])
+        .args(["--images", &a.images.to_string()])
+        .args(["--epochs", &a.epochs.to_string()])
+        .args(["--threads", &threads.to_string()])
+        .env(ENV_ENDPOINT, server.endpoint())
+        .env(ENV_ACCESS_KEY, server.access_key())
+        .env(ENV_SECRET_KEY, server.secret_key())
+        .env(ENV_REGION, server.region())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    if a.json {
+        cmd.arg("--json");
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await?
+        .with_context(|| format!("starting the {name} loader's process"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the {name} loader's process failed ({}); its error is above",
+        out.status
+    );
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("reading the {name} loader's report"))
+}
+
+/// `demo --loader NAME`: one loader against the parent's server, its report on stdout.
+async fn loader_main(name: &str, a: &DemoArgs) -> anyhow::Result<()> {
+    let env = |k: &str| {
+        std::env::var(k).with_context(|| format!("`demo --loader` is run by `stoker demo` ({k})"))
+    };
+    let opts = StoreOptions::default()
+        .with_endpoint(env(ENV_ENDPOINT)?)
+        .with_credentials(env(ENV_ACCESS_KEY)?, env(ENV_SECRET_KEY)?)
+        .with_region(env(ENV_REGION)?);
+    let threads = a.threads.unwrap_or(1);
+    let (epochs, quiet) = (a.epochs, a.json);
+    let total = a.images as u64 * epochs;
+    let json = match name {
+        "pipeline" => {
+            let r = tokio::task::spawn_blocking(move || {
+                run_pipeline(opts, epochs, threads, total, quiet)
+            })
+            .await??;
+            serde_json::to_string(&r)?
+        }
+        "naive" => {
+            let rt = tokio::runtime::Handle::current();
+            let r = tokio::task::spawn_blocking(move || {
+                run_baseline(opts, rt, epochs, threads, total, quiet)
+            })
+            .await??;
+            serde_json::to_string(&r)?
+        }
+        other => anyhow::bail!("no demo loader named {other:?} (pipeline, naive)"),
+    };
+    println!("{json}");
+    Ok(())
+}
+
 pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
+    if let Some(name) = &a.loader {
+        return loader_main(name, &a).await;
+    }
     let tmp;
     let root: PathBuf = match &a.dir {
         Some(d) => d.clone(),
@@ -586,28 +679,18 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         .with_credentials(server.access_key(), server.secret_key())
         .with_region(server.region());
     let cpu0 = cpu_seconds();
-    let total = dataset.images as u64 * a.epochs;
 
     say(format!(
         "\nthe ImageNet training pipeline through Stoker: decode, RandomResizedCrop 224, flip, \
          normalize, batches of {BATCH}; {} epochs, {threads} threads",
         a.epochs
     ));
-    let pipeline = {
-        let (opts, epochs) = (opts.clone(), a.epochs);
-        tokio::task::spawn_blocking(move || run_pipeline(opts, epochs, threads, total, quiet))
-            .await??
-    };
+    let pipeline: PipelineReport = loader_process("pipeline", &a, threads, &server).await?;
     say(format!(
         "the same work by a naive loader: one GET then a full decode per image, {threads} \
          threads, no cache"
     ));
-    let baseline = {
-        let (opts, epochs) = (opts.clone(), a.epochs);
-        let rt = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || run_baseline(opts, rt, epochs, threads, total, quiet))
-            .await??
-    };
+    let baseline: BaselineReport = loader_process("naive", &a, threads, &server).await?;
 
     let pb = progress_bar(a.json);
     let large = Store::open(&format!("s3://{BUCKET}/large/blob.bin"), opts)?;
@@ -624,11 +707,18 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         latency_ms: a.latency_ms,
         threads,
         ratio: pipeline.images_per_s / baseline.images_per_s.max(f64::MIN_POSITIVE),
+        first_epoch_ratio: match (
+            pipeline.epoch_seconds.first(),
+            baseline.epoch_seconds.first(),
+        ) {
+            (Some(p), Some(b)) => b / p.max(f64::MIN_POSITIVE),
+            _ => 0.0,
+        },
+        cpu_seconds: cpu_seconds() - cpu0 + pipeline.cpu_seconds + baseline.cpu_seconds,
         dataset,
         pipeline,
         baseline,
         storage,
-        cpu_seconds: cpu_seconds() - cpu0,
     };
     drop(server);
     if a.json {
@@ -670,7 +760,10 @@ fn print_report(r: &DemoReport) {
         mib(b.bytes_fetched),
         mib(b.peak_rss_bytes)
     );
-    println!("  Stoker is {:.1}x the naive loader", r.ratio);
+    println!(
+        "  Stoker is {:.1}x the naive loader ({:.1}x in the first epoch, both cold)",
+        r.ratio, r.first_epoch_ratio
+    );
     let epochs: Vec<String> = p
         .epoch_seconds
         .iter()
@@ -703,7 +796,10 @@ fn print_report(r: &DemoReport) {
     for st in &p.stages {
         println!(
             "    {:<34} {:>8} items  busy {:>6.2} s  waiting {:>6.2} s",
-            st.name, st.items_out, st.busy_s, st.wait_s
+            st["name"].as_str().unwrap_or("?"),
+            st["items_out"].as_u64().unwrap_or(0),
+            st["busy_s"].as_f64().unwrap_or(0.0),
+            st["wait_s"].as_f64().unwrap_or(0.0)
         );
     }
     println!();

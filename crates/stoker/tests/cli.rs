@@ -233,6 +233,14 @@ fn demo_json_decodes_every_image_of_every_epoch_and_reports_the_ratio() {
     let want = v["pipeline"]["images_per_s"].as_f64().unwrap()
         / v["baseline"]["images_per_s"].as_f64().unwrap();
     assert!((ratio - want).abs() < 1e-9 * want, "{ratio} {want}");
+    assert!(v["first_epoch_ratio"].as_f64().unwrap() > 0.0, "{v}");
+    for side in ["pipeline", "baseline"] {
+        assert_eq!(v[side]["epoch_seconds"].as_array().unwrap().len(), 2, "{v}");
+        // Each loader runs in a process of its own: its peak is its own, not the
+        // generator's or the server's (a few hundred MiB for 40 small images is not).
+        let rss = v[side]["peak_rss_bytes"].as_u64().unwrap();
+        assert!(rss > 0 && rss < 400 << 20, "{side}: {rss}");
+    }
     // The first epoch fetched every image once; the second came from the cache.
     let bytes = v["dataset"]["bytes"].as_u64().unwrap();
     assert_eq!(v["pipeline"]["bytes_fetched"], bytes, "{v}");
