@@ -385,7 +385,7 @@ impl Watcher {
 /// Kernel read-ahead for the mount, in KiB. The kernel starts a FUSE mount at 128 KiB,
 /// which splits a sequential reader's stream into 128 KiB requests, each a round trip to
 /// the daemon; 4 MiB lets it send 1 MiB requests, several at a time (measured on a 1 GiB
-/// file: 600 MB/s at 128 KiB, 780 MB/s at 4 MiB; docs/benchmarks.md).
+/// file: 600 MB/s at 128 KiB, 780 MB/s at 4 MiB; docs/benchmarks-history.md).
 const READ_AHEAD_KB: u32 = 4096;
 
 /// Sets the kernel's read-ahead for the file system mounted at `path` (its backing device's

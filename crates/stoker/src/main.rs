@@ -15,14 +15,14 @@ use clap::Parser;
 
 /// mimalloc instead of glibc malloc: the read path allocates and frees many part-sized buffers
 /// from many threads; glibc's arenas serialise on a lock and return memory to the kernel only
-/// to fault it back in (measured: see docs/benchmarks.md).
+/// to fault it back in (measured: see docs/benchmarks-history.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Turns transparent huge pages off for this process. Received bytes land in memory the
 /// allocator keeps recycling; with THP each recycled region faults back in as a fresh 2 MiB
 /// page that the kernel zeroes whole, and zeroing took up to 60% of the CPU of reading a
-/// 1 GiB object (about half the runs; 4 KiB pages: every run fast, see docs/benchmarks.md).
+/// 1 GiB object (about half the runs; 4 KiB pages: every run fast, see docs/benchmarks-history.md).
 fn disable_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and touches no memory of ours.
