@@ -42,12 +42,10 @@ rclone binary from the venv made by bench/setup.sh.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,30 +55,10 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import storage  # noqa: E402  (the storage benchmark: data set, server, child processes, ceiling)
-from storage import (  # noqa: E402
-    ACCESS_KEY,
-    BUCKET,
-    CLIENTS,
-    LARGE_KEY,
-    MIB,
-    REGION,
-    SECRET_KEY,
-    SMALL_PREFIX,
-    ContenderError,
-    HarnessError,
-    Rep,
-    Server,
-    check,
-    client_env,
-    last_json,
-    prepare_data,
-    run_child,
-    summarize,
-)
-
-BENCH_DIR = Path(__file__).resolve().parent
-REPO = BENCH_DIR.parent
+import harness as H  # noqa: E402  (the loop, child processes, test server, tables: bench/harness.py)
+import storage  # noqa: E402  (the storage benchmark: data set, options, ceiling)
+from harness import ACCESS_KEY, MIB, REGION, SECRET_KEY, ContenderError  # noqa: E402
+from storage import BUCKET, CLIENTS, LARGE_KEY, SMALL_PREFIX, Rep, prepare_data, summarize  # noqa: E402
 
 MOUNTS = ["stoker", "s3fs", "s3fs-tuned", "rclone", "rclone-full"]
 CONTENDERS = MOUNTS + ["ceiling"]
@@ -92,9 +70,7 @@ UNITS = {"large": "files/s", "small-1": "files/s", "small-16": "files/s", "warm"
 S3FS_TUNED_OPTIONS = ["parallel_count=16", "multipart_size=8"]
 RCLONE_REMOTE = "stokerbench"  # configured through RCLONE_CONFIG_STOKERBENCH_* variables
 
-
-def log(msg: str) -> None:
-    print(f"[mount-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = H.logger("mount-bench")
 
 
 # ---------------------------------------------------------------- the tree for `ls -R`
@@ -143,25 +119,13 @@ def prepare_tree(cache: Path, root: Path, shape: tuple[int, int, int]) -> Tree:
 # ---------------------------------------------------------------- page cache
 
 
-def _mounted_under(path: Path) -> list[str]:
-    with open("/proc/self/mounts") as f:
-        return [line.split()[1] for line in f if line.split()[1].startswith(str(path) + "/") or line.split()[1] == str(path)]
-
-
 def _safe_rmtree(path: Path) -> None:
     """rmtree, unless something is still mounted below (never delete through a live mount)."""
-    left = _mounted_under(path)
+    left = H.mounted_under(path)
     if left:
         log(f"warning: not removing {path}: still mounted: {left}")
         return
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _warm_files(paths: list[Path]) -> None:
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.read(16 * MIB):
-                pass
 
 
 def drop_caches(ctx: "Ctx", rewarm: list[Path]) -> None:
@@ -175,7 +139,7 @@ def drop_caches(ctx: "Ctx", rewarm: list[Path]) -> None:
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
-    _warm_files(rewarm)
+    H.warm_page_cache(rewarm)
 
 
 # ---------------------------------------------------------------- mounts
@@ -186,7 +150,7 @@ class Ctx:
     args: argparse.Namespace
     data: storage.DataSet
     tree: Tree
-    server: Server
+    server: H.Server
     env: dict[str, str]
     stoker: Path
     rclone: str | None
@@ -257,21 +221,6 @@ MOUNT_ARGV: dict[str, Callable[[Ctx, str, Path, Path], tuple[list[str], dict[str
 }
 
 
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_hwm_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
 class Mount:
     """One FUSE mount daemon, run in the foreground as our child."""
 
@@ -289,11 +238,11 @@ class Mount:
                 self.proc = subprocess.Popen(argv, stdout=lf, stderr=lf, stdin=subprocess.DEVNULL, env=env)
             except OSError as e:
                 raise ContenderError(f"cannot run {argv[0]}: {e}") from e
-        storage._live_children.add(self.proc.pid)
+        H.track_child(self.proc.pid)
         self.rusage = None
         deadline = time.monotonic() + ready_timeout
         try:
-            while not storage._is_mounted(self.mnt):
+            while not H.is_mounted(self.mnt):
                 if self._wait(0) is not None:
                     raise ContenderError(f"{contender} exited with {self.proc.returncode} before mounting: {self.log_tail()}")
                 if time.monotonic() > deadline:
@@ -305,39 +254,26 @@ class Mount:
 
     def log_tail(self) -> str:
         text = self.log_path.read_text(errors="replace")
-        return storage._tail(text.rsplit("\n==== ", 1)[-1].split("\n", 1)[-1], 800) or "(no output)"
+        return H.tail(text.rsplit("\n==== ", 1)[-1].split("\n", 1)[-1], 800) or "(no output)"
 
     def _wait(self, timeout: float):
         """wait4 with WNOHANG for up to `timeout` s; the rusage once it has exited, else None."""
-        if self.rusage is not None:
-            return self.rusage
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                pid, status, ru = os.wait4(self.proc.pid, os.WNOHANG)
-            except ChildProcessError:
-                return None
-            if pid:
-                self.proc.returncode = os.waitstatus_to_exitcode(status)
-                self.rusage = ru
-                storage._live_children.discard(self.proc.pid)
-                return ru
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.02)
+        if self.rusage is None:
+            self.rusage = H.wait_rusage(self.proc, timeout)
+        return self.rusage
 
     def alive(self) -> bool:
-        return self._wait(0) is None and storage._is_mounted(self.mnt)
+        return self._wait(0) is None and H.is_mounted(self.mnt)
 
     def cpu_s(self) -> float:
-        return _proc_cpu_s(self.proc.pid)
+        return H.proc_cpu_s(self.proc.pid)
 
     def hwm_mib(self) -> float:
-        return _proc_hwm_mib(self.proc.pid)
+        return H.proc_status_mib(self.proc.pid, "VmHWM")
 
     def close(self):
         """Unmounts, then waits for the daemon (SIGTERM after 10 s, SIGKILL after 10 more); its rusage."""
-        storage._unmount(self.mnt)
+        H.unmount(self.mnt)
         ru = self._wait(10)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             if ru is not None:
@@ -347,7 +283,7 @@ class Mount:
             except ProcessLookupError:
                 pass
             ru = self._wait(10)
-        storage._unmount(self.mnt)
+        H.unmount(self.mnt)
         _safe_rmtree(self.scratch)
         return ru
 
@@ -355,12 +291,12 @@ class Mount:
 # ---------------------------------------------------------------- workloads
 
 
-def _fs_reader(ctx: Ctx, prog: list[str], what: str, mount: Mount) -> tuple[storage.ChildResult, dict]:
-    child = run_child([sys.executable, str(CLIENTS), *prog], ctx.env, ctx.args.timeout)
+def _fs_reader(ctx: Ctx, prog: list[str], what: str, mount: Mount) -> tuple[H.ChildResult, dict]:
+    child = H.run_child([sys.executable, str(CLIENTS), *prog], ctx.env, ctx.args.timeout)
     if child.returncode != 0:
-        raise ContenderError(f"{what} exited with {child.returncode}: {storage._tail(child.stderr or child.stdout, 600)}"
+        raise ContenderError(f"{what} exited with {child.returncode}: {H.tail(child.stderr or child.stdout, 600)}"
                              f"\n{mount.name} log: {mount.log_tail()}")
-    return child, last_json(child.stdout)
+    return child, H.last_json(child.stdout)
 
 
 def _small_prog(mnt: Path, threads: int) -> list[str]:
@@ -373,20 +309,20 @@ def fio_io_bytes(ctx: Ctx) -> int:
     return max(bs, io // bs * bs)
 
 
-def _run_fio(ctx: Ctx, mnt: Path) -> tuple[storage.ChildResult, dict]:
+def _run_fio(ctx: Ctx, mnt: Path) -> tuple[H.ChildResult, dict]:
     if not shutil.which("fio"):
         raise ContenderError("fio not installed: run bench/setup.sh")
     argv = ["fio", "--name=r", f"--filename={mnt / LARGE_KEY}", "--rw=randread", "--bs=256k",
             f"--size={ctx.data.large_bytes}", f"--io_size={fio_io_bytes(ctx)}", "--direct=0",
             "--ioengine=psync", "--numjobs=1", "--randseed=1", "--output-format=json"]
-    child = run_child(argv, ctx.env, ctx.args.timeout)
-    check(child, "fio")
+    child = H.run_child(argv, ctx.env, ctx.args.timeout)
+    H.check(child, "fio")
     try:
         job = json.loads(child.stdout[child.stdout.index("{"):])["jobs"][0]
     except (ValueError, KeyError, IndexError) as e:
-        raise ContenderError(f"fio: cannot parse its JSON output ({e}): {storage._tail(child.stdout, 400)}") from e
+        raise ContenderError(f"fio: cannot parse its JSON output ({e}): {H.tail(child.stdout, 400)}") from e
     if job.get("error"):
-        raise ContenderError(f"fio: job error {job['error']}: {storage._tail(child.stderr, 400)}")
+        raise ContenderError(f"fio: job error {job['error']}: {H.tail(child.stderr, 400)}")
     return child, job["read"]
 
 
@@ -413,9 +349,9 @@ def run_mount_workload(ctx: Ctx, contender: str, workload: str, label: str) -> R
                 drop_caches(ctx, rewarm)
         server0, cpu0 = ctx.server.cpu_s(), mount.cpu_s()
         if workload == "ls":
-            child = run_child(["ls", "-R", str(mnt)], ctx.env, ctx.args.timeout)
+            child = H.run_child(["ls", "-R", str(mnt)], ctx.env, ctx.args.timeout)
             if child.returncode != 0:
-                raise ContenderError(f"ls -R exited with {child.returncode}: {storage._tail(child.stderr, 600)}"
+                raise ContenderError(f"ls -R exited with {child.returncode}: {H.tail(child.stderr, 600)}"
                                      f"\n{contender} log: {mount.log_tail()}")
             lines = [ln for ln in child.stdout.splitlines() if ln.strip()]
             headers = sum(1 for ln in lines if ln.endswith(":"))
@@ -477,39 +413,19 @@ def expected(ctx: Ctx, workload: str) -> tuple[int, int]:
 def table(results: list[dict]) -> str:
     head = ["contender", "workload", "median s", "rate", "unit", "MiB/s", "client CPU s", "daemon RSS MiB",
             "server CPU s", "vs stoker"]
-    rows = [head]
+    rows: list = []
     for r in results:
         if not r["ok"]:
-            err = (r["error"] or "no result").strip().splitlines()
-            rows.append([r["contender"], r["workload"], "FAILED", err[0][:110] if err else ""] + [""] * 6)
+            rows.append(H.Span([r["contender"], r["workload"], "FAILED"], H.first_line(r["error"], 110)))
             continue
-        if r["contender"] == "stoker":
-            vs = "-"
-        elif r["contender"] == "ceiling" and "stoker_pct_of_ceiling" in r:
-            vs = f"stoker = {r['stoker_pct_of_ceiling']:.0f}% of ceiling"
-        elif "stoker_speedup" in r:
-            vs = f"stoker {r['stoker_speedup']:.2f}x"
-        else:
-            vs = "n/a"
         rate = r["objects_per_s"]
         rows.append([
             r["contender"], r["workload"], f"{r['seconds']:.3f}",
             f"{rate:.2f}" if rate < 10 else f"{rate:.0f}", UNITS[r["workload"]],
             f"{r['mib_per_s']:.1f}" if r["workload"] != "ls" else "-",
-            f"{r['client_cpu_s']:.2f}", f"{r['peak_rss_mib']:.0f}", f"{r['server_cpu_s']:.2f}", vs,
+            f"{r['client_cpu_s']:.2f}", f"{r['peak_rss_mib']:.0f}", f"{r['server_cpu_s']:.2f}", storage.vs_stoker(r),
         ])
-    ok_rows = [row for row in rows if row[2] != "FAILED"]
-    widths = [max(len(row[i]) for row in (rows if i < 3 else ok_rows)) for i in range(len(head))]
-    lines = []
-    for k, row in enumerate(rows):
-        if row[2] == "FAILED":
-            lines.append("  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3])
-        else:
-            lines.append("  ".join(c.rjust(widths[i]) if i in (2, 3, 5, 6, 7, 8) else c.ljust(widths[i])
-                                   for i, c in enumerate(row)).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return H.text_table(head, rows, right=(2, 3, 5, 6, 7, 8))
 
 
 def targets(results: list[dict]) -> list[dict]:
@@ -540,7 +456,7 @@ def targets(results: list[dict]) -> list[dict]:
     add("one reader, cold: stoker >= 3x s3fs", 3.0, v, d)
     w = by.get(("stoker", "warm"))
     if w:
-        cold = statistics.median(x["extra"]["epoch1_seconds"] for x in w["reps"])
+        cold = H.median(x["extra"]["epoch1_seconds"] for x in w["reps"])
         add("warm epoch >= 5x stoker's cold epoch", 5.0, cold / w["seconds"],
             f"epoch 2 {w['seconds']:.3f} s vs epoch 1 {cold:.3f} s (same mount)")
     else:
@@ -570,21 +486,13 @@ def targets_text(ts: list[dict]) -> str:
 
 
 def environment(ctx: Ctx) -> dict:
-    env = {
-        "host": os.uname().nodename,
-        "kernel": os.uname().release,
-        "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "s3fs": storage._version(["s3fs", "--version"]),
-        "fio": storage._version(["fio", "--version"]),
-        "rclone": storage._version([ctx.rclone, "version"]) if ctx.rclone else "unavailable",
-        "curl": storage._version(["curl", "--version"]),
-        "stoker": storage._version([str(ctx.stoker), "--version"]),
-    }
-    commit = storage.git_commit()
-    if commit:
-        env["git_commit"] = commit
-    return env
+    return H.environment({
+        "s3fs": ["s3fs", "--version"],
+        "fio": ["fio", "--version"],
+        "rclone": [ctx.rclone, "version"] if ctx.rclone else None,
+        "curl": ["curl", "--version"],
+        "stoker": [str(ctx.stoker), "--version"],
+    })
 
 
 # ---------------------------------------------------------------- main
@@ -596,34 +504,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tree", type=parse_tree, default=(10, 10, 100),
                    help="the ls -R tree: DIRSxSUBDIRSxFILES (default 10x10x100: 10,000 files)")
     p.add_argument("--fio-io-mib", type=int, default=64, help="MiB fio reads (256 KiB random reads; capped at the file size)")
-    p.add_argument("--only", default="", help=f"comma-separated contenders (default: {','.join(MOUNTS)})")
+    H.add_arg(p, "--only", "", help=f"comma-separated contenders (default: {','.join(MOUNTS)})")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated workloads: {','.join(WORKLOADS)}")
     p.add_argument("--with-ceiling", action="store_true",
                    help="also run the storage benchmark's curl ceiling on the large file (for the 90%% target)")
-    p.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "mount.json", help="JSON results file")
+    H.add_arg(p, "--out", H.RESULTS / "mount.json")
     p.add_argument("--stoker-arg", action="append", default=[],
                    help="extra argument for `stoker mount` (repeatable), e.g. --stoker-arg=--max-concurrency=64; "
                         "'{cache_dir}' in it becomes a fresh directory per mount")
     p.add_argument("--rclone", default=None, help="rclone binary (default: the venv's, else rclone on PATH)")
-    p.add_argument("--venv", type=Path, default=Path(os.environ.get("STOKER_BENCH_VENV", REPO / ".venv-bench")),
-                   help="venv made by bench/setup.sh (for its rclone)")
+    H.add_arg(p, "--venv", H.VENV, help="venv made by bench/setup.sh (for its rclone)")
     p.add_argument("--no-drop-caches", action="store_true",
                    help="do not drop the kernel caches before each cold mount and between warm epochs")
     p.add_argument("--warm-keep-page-cache", action="store_true",
                    help="warm: keep the kernel page cache between epoch 1 and 2 (epoch 2 may then be served by the kernel)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds before one reader (one rep) is killed")
+    H.add_arg(p, "--timeout", 600, help="seconds before one reader (one rep) is killed")
     a = p.parse_args(argv)
-    names = [ALIASES.get(n.strip(), n.strip()) for n in a.only.split(",") if n.strip()] or list(MOUNTS)
-    bad = [n for n in names if n not in CONTENDERS]
-    if bad:
-        p.error(f"unknown contender(s) {bad}; choose from {CONTENDERS}")
+    names = H.pick(a.only, CONTENDERS, p.error, aliases=ALIASES, default=MOUNTS, keep_order=True)
     if a.with_ceiling and "ceiling" not in names:
         names.append("ceiling")
     a.contenders = [n for n in CONTENDERS if n in names]
-    a.workload_list = [w.strip() for w in a.workloads.split(",") if w.strip()]
-    bad = [w for w in a.workload_list if w not in WORKLOADS]
-    if bad:
-        p.error(f"unknown workload(s) {bad}; choose from {WORKLOADS}")
+    a.workload_list = H.pick(a.workloads, WORKLOADS, p.error, what="workload", default=(), keep_order=True)
     if a.reps < 1 or a.small < 1 or a.large_mib < 1 or a.fio_io_mib < 1:
         p.error("--reps, --small, --large-mib and --fio-io-mib must be positive")
     return a
@@ -631,20 +532,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    target = a.target_dir or Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
-    if not target.is_absolute():
-        target = REPO / target
-    stoker = a.stoker or target / "release" / "stoker"
-    server_bin = a.server or target / "release" / "stoker-testserver"
+    stoker, server_bin = storage.binaries(a, log)
     rclone = a.rclone or (str(a.venv / "bin" / "rclone") if (a.venv / "bin" / "rclone").exists() else shutil.which("rclone"))
-
-    if not a.no_build:
-        log("cargo build --release -p stoker -p stoker-testserver")
-        r = subprocess.run(["cargo", "build", "--release", "-p", "stoker", "-p", "stoker-testserver"], cwd=REPO)
-        if r.returncode != 0:
-            raise HarnessError("cargo build failed (use --no-build with --stoker/--server to use existing binaries)")
-    if not server_bin.exists():
-        raise HarnessError(f"test server binary not found: {server_bin}")
     if os.geteuid() != 0:
         log("warning: not root: FUSE mounts may fail and the kernel caches cannot be dropped")
     drop = not a.no_drop_caches and os.access("/proc/sys/vm/drop_caches", os.W_OK)
@@ -660,12 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="stoker-mount-bench-"))
     server = None
     try:
-        server_argv = [str(server_bin), "--root", str(data.root), "--host", "127.0.0.1", "--port", "0",
-                       "--latency-ms", f"{a.latency_ms:g}", "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY,
-                       *a.server_arg]
-        server = Server(server_argv, work / "server.log")
+        server = H.Server.start(server_bin, data.root, a.latency_ms, work / "server.log", a.server_arg)
         log(f"test server at {server.endpoint} (latency {a.latency_ms:g} ms), log {work / 'server.log'}")
-        env = client_env(work)
+        env = H.client_env(work)
         sctx = storage.Ctx(args=a, data=data, endpoint=server.endpoint, env=env, stoker=stoker,
                            venv_python=a.venv / "bin" / "python", work=work)
         ctx = Ctx(args=a, data=data, tree=tree, server=server, env=env, stoker=stoker, rclone=rclone, work=work,
@@ -678,42 +564,35 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"warm-up: {w} (untimed, curl)")
                 storage.c_ceiling(sctx, w)
 
-        pairs = [(c, w) for w in a.workload_list for c in a.contenders if c != "ceiling" or w == "large"]
-        reps: dict[tuple[str, str], list[Rep]] = {p: [] for p in pairs}
-        errors: dict[tuple[str, str], str] = {}
-        for rep in range(a.reps):
-            for w in a.workload_list:
-                n_exp, b_exp = expected(ctx, w)
-                names = [c for c in a.contenders if (c, w) in reps]
-                k = rep % len(names) if names else 0
-                for c in names[k:] + names[:k]:  # rotate who goes first each rep, as storage.py does
-                    if (c, w) in errors:
-                        continue
-                    try:
-                        r = run_ceiling(ctx, w) if c == "ceiling" else run_mount_workload(ctx, c, w, f"{w}-rep{rep + 1}")
-                        if r.bytes != b_exp or r.objects != n_exp:
-                            raise ContenderError(f"read {r.objects} files/entries/IOs and {r.bytes} bytes, expected {n_exp} / {b_exp}")
-                    except HarnessError:
-                        raise
-                    except Exception as e:  # a contender's failure, whatever it is, is reported
-                        if not isinstance(e, ContenderError):
-                            e = ContenderError(f"{type(e).__name__}: {e}")
-                        errors[(c, w)] = str(e)
-                        log(f"rep {rep + 1}/{a.reps} {c:11s} {w:8s} FAILED: {storage._tail(str(e), 400)}")
-                        continue
-                    reps[(c, w)].append(r)
-                    log(f"rep {rep + 1}/{a.reps} {c:11s} {w:8s} {r.seconds:8.3f} s  {r.objects / r.seconds:9.1f} {UNITS[w]:9s} "
-                        f"cpu {r.client_cpu_s:6.2f} s  rss {r.peak_rss_mib:6.0f} MiB  server cpu {r.server_cpu_s:5.2f} s"
-                        + (f"  (epoch 1 {r.extra['epoch1_seconds']:.3f} s)" if w == "warm" else ""))
-                    if server.proc.poll() is not None:
-                        raise HarnessError(f"test server died (exit {server.proc.returncode}); log {work / 'server.log'}")
+        groups = [(w, [c for c in a.contenders if c != "ceiling" or w == "large"]) for w in a.workload_list]
 
-        results = [summarize(c, w, reps[(c, w)], errors.get((c, w)), expected(ctx, w)[1]) for (c, w) in pairs]
+        def run(w: str, c: str, rep: int) -> Rep:
+            return run_ceiling(ctx, w) if c == "ceiling" else run_mount_workload(ctx, c, w, f"{w}-rep{rep + 1}")
+
+        def expect(w: str, c: str, r: Rep) -> str | None:
+            n_exp, b_exp = expected(ctx, w)
+            if r.bytes != b_exp or r.objects != n_exp:
+                return f"read {r.objects} files/entries/IOs and {r.bytes} bytes, expected {n_exp} / {b_exp}"
+            return None
+
+        def ok(rep: int, w: str, c: str, r: Rep) -> None:
+            log(f"rep {rep + 1}/{a.reps} {c:11s} {w:8s} {r.seconds:8.3f} s  {r.objects / r.seconds:9.1f} {UNITS[w]:9s} "
+                f"cpu {r.client_cpu_s:6.2f} s  rss {r.peak_rss_mib:6.0f} MiB  server cpu {r.server_cpu_s:5.2f} s"
+                + (f"  (epoch 1 {r.extra['epoch1_seconds']:.3f} s)" if w == "warm" else ""))
+
+        def failed(rep: int, w: str, c: str, err: str) -> None:
+            log(f"rep {rep + 1}/{a.reps} {c:11s} {w:8s} FAILED: {H.tail(err, 400)}")
+
+        # The mounts take turns within a rep, the order rotated each rep, as in storage.py.
+        trials = H.run_reps(a.reps, groups, run, expect=expect, server=server, on_ok=ok, on_fail=failed)
+
+        results = [summarize(c, w, trials.reps[(w, c)], trials.errors.get((w, c)), expected(ctx, w)[1])
+                   for w, cs in groups for c in cs]
         storage.add_ratios(results)
         ts = targets(results)
         doc = {
             "benchmark": "mount",
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "date": H.now_iso(),
             "config": {
                 "reps": a.reps, "small_files": a.small, "small_bytes": data.small_bytes, "large_mib": a.large_mib,
                 "tree": tree.bucket, "tree_entries": tree.entries, "fio_io_bytes": fio_io_bytes(ctx),
@@ -737,8 +616,7 @@ def main(argv: list[str] | None = None) -> int:
             "results": results,
             "targets": ts,
         }
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(doc, indent=2) + "\n")
+        H.write_json(a.out, doc)
         print()
         print(f"mount benchmark: {a.small} x ~110 KB files, one {a.large_mib} MiB file, ls -R of {tree.entries} entries, "
               f"{a.latency_ms:g} ms server latency, median of {a.reps} rep(s), {os.cpu_count()} CPUs, "
@@ -750,20 +628,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         # Interrupted mid-rep: unmount what is still mounted, then stop what still runs.
-        for mnt in _mounted_under(work):
-            storage._unmount(Path(mnt))
-        storage.kill_live_children()
+        for mnt in H.mounted_under(work):
+            H.unmount(Path(mnt))
+        H.kill_live_children()
         if server is not None:
             server.stop()
         _safe_rmtree(work)
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        sys.exit(main())
-    except HarnessError as e:
-        log(f"harness error: {e}")
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    H.run_main(main, log)

@@ -54,23 +54,18 @@ counts from the first batch on.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from storage import ContenderError, _tail, git_commit, kill_live_children  # noqa: E402
+import harness as H  # noqa: E402  (the loop, child processes, tables: bench/harness.py)
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO = BENCH_DIR.parent
+BENCH_DIR = H.BENCH_DIR
+REPO = H.REPO
 READERS = BENCH_DIR / "ops_readers.py"
 MAKE_JPEGS = REPO / "crates/stoker-ops/examples/make_jpegs.py"
 MAKE_CLIPS = REPO / "crates/stoker-ops/examples/audio_make_clips.py"
@@ -80,9 +75,7 @@ TEXTS = 20000
 TEXT_FILES = 8
 TOKENIZER = REPO / "crates/stoker-ops/tests/fixtures/text/gpt2-tokenizer.json"
 
-
-def log(msg: str) -> None:
-    print(f"[ops {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = H.logger("ops")
 
 
 # ---------------------------------------------------------------- data
@@ -167,105 +160,6 @@ def prepare_text() -> Path:
                     out.write(json.dumps({"text": _paragraph(rng)}) + "\n")
         ok.write_text("ok\n")
     return d
-
-
-# ---------------------------------------------------------------- memory of a process tree
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    try:
-        for t in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{t}/children") as f:
-                out += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    return out
-
-
-def _tree(pid: int) -> list[int]:
-    todo, seen = [pid], []
-    while todo:
-        p = todo.pop()
-        seen.append(p)
-        todo += _children(p)
-    return seen
-
-
-def _mem(pid: int) -> tuple[int, int]:
-    rss = pss = 0
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Rss:"):
-                    rss = int(line.split()[1]) * 1024
-                elif line.startswith("Pss:"):
-                    pss = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return rss, pss
-
-
-@dataclass
-class Run:
-    returncode: int
-    wall_s: float
-    cpu_s: float
-    peak_rss: int
-    peak_pss: int
-    stdout: str
-    stderr: str
-
-
-def run_tree(argv: list[str], env: dict[str, str], timeout: float) -> Run:
-    """Runs argv; CPU from wait4 (the process and every descendant it waited for),
-    memory as the peak over time of the summed RSS and PSS of the whole process tree."""
-    import tempfile
-
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
-        peak = [0, 0]
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.is_set():
-                rss = pss = 0
-                for p in _tree(proc.pid):
-                    r, s = _mem(p)
-                    rss, pss = rss + r, pss + s
-                peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
-                done.wait(0.05)
-
-        th = threading.Thread(target=sample, daemon=True)
-        th.start()
-        box: dict = {}
-
-        def reap() -> None:
-            box["r"] = os.wait4(proc.pid, 0)
-            box["t"] = time.perf_counter()
-
-        w = threading.Thread(target=reap, daemon=True)
-        w.start()
-        w.join(timeout)
-        if w.is_alive():
-            proc.kill()
-            w.join()
-        done.set()
-        th.join()
-        _pid, status, ru = box["r"]
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return Run(proc.returncode, box["t"] - t0, ru.ru_utime + ru.ru_stime, peak[0], peak[1],
-                   out.read().decode(errors="replace"), err.read().decode(errors="replace"))
-
-
-def last_json(text: str) -> dict:
-    for line in reversed(text.strip().splitlines()):
-        if line.strip().startswith("{"):
-            return json.loads(line)
-    raise ContenderError(f"no JSON result: {_tail(text, 500)!r}")
 
 
 # ---------------------------------------------------------------- contenders
@@ -439,22 +333,26 @@ threads = {os.cpu_count()}
 
 
 def c_stoker(ctx: Ctx, pipeline: str) -> Rep:
-    r = run_tree([str(ctx.stoker), "run", str(stoker_spec(ctx, pipeline)), "--json"], ctx.env,
-                 ctx.args.timeout)
-    if r.returncode != 0:
-        raise ContenderError(f"stoker run exited {r.returncode}: {_tail(r.stderr)}")
-    res = last_json(r.stdout)
+    r = H.run_child([str(ctx.stoker), "run", str(stoker_spec(ctx, pipeline)), "--json"], ctx.env,
+                    ctx.args.timeout, sample_memory=True)
+    H.check(r, "stoker run")
+    res = H.last_json(r.stdout)
     return Rep(float(res["seconds"]), int(res["samples"]), r.cpu_s, r.peak_rss, r.peak_pss,
                res.get("first_item_s"), 16 if pipeline == "speech" else 64)
 
 
-def _py(ctx: Ctx, args: list[str]) -> Rep:
-    r = run_tree([str(ctx.python), str(READERS), *args], ctx.env, ctx.args.timeout)
-    if r.returncode != 0:
-        raise ContenderError(f"{args[0]} exited {r.returncode}: {_tail(r.stderr)}")
-    res = last_json(r.stdout)
+def run_reader(ctx: Ctx, readers: Path, args: list[str]) -> Rep:
+    """One peer: `ctx.python readers ARGS...` (ops_readers.py, python_readers.py), its JSON line
+    and the process tree's CPU and memory."""
+    r = H.run_child([str(ctx.python), str(readers), *args], ctx.env, ctx.args.timeout, sample_memory=True)
+    H.check(r, args[0])
+    res = H.last_json(r.stdout)
     return Rep(float(res["seconds"]), int(res["images"]), r.cpu_s, r.peak_rss, r.peak_pss,
-               res.get("first_batch_s"), int(res.get("first_batch_images") or 0))
+               res.get("first_batch_s"), int(res.get("first_batch_images") or 0), float(res.get("import_s") or 0.0))
+
+
+def _py(ctx: Ctx, args: list[str]) -> Rep:
+    return run_reader(ctx, READERS, args)
 
 
 def _dir(ctx: Ctx, pipeline: str) -> Path:
@@ -478,6 +376,7 @@ CONTENDERS = {
 }
 ONLY_IMAGENET = {"tfdata", "limit-full", "limit-half", "limit-crop"}
 ONLY_TEXT = {"hf-64", "hf-1024"}
+PIPELINES = ["imagenet", "simclr", "speech", "text"]
 
 
 def contenders_of(pipeline: str, names: list[str]) -> list[str]:
@@ -489,7 +388,7 @@ def contenders_of(pipeline: str, names: list[str]) -> list[str]:
 def summarize(pipeline: str, name: str, reps: list[Rep], error: str | None) -> dict:
     row = {"pipeline": pipeline, "contender": name, "error": error, "reps": [r.__dict__ for r in reps]}
     if reps:
-        med = statistics.median
+        med = H.median
         row.update(
             images=reps[0].images,
             seconds=med(r.seconds for r in reps),
@@ -515,8 +414,7 @@ def table(rows: list[dict]) -> str:
         s = by.get((r["pipeline"], "stoker"))
         ratio = ""
         if s and not s.get("error") and r["contender"] != "stoker":
-            ratio = (f"{s['images_per_s'] / r['images_per_s']:.2f}x "
-                     f"({s['steady_images_per_s'] / r['steady_images_per_s']:.2f}x)")
+            ratio = H.ratio_text(s, r, ["images_per_s", "steady_images_per_s"])
         fb = "-" if r["first_batch_s"] is None else f"{r['first_batch_s']:.2f}"
         lines.append(f"{r['pipeline']:9} {r['contender']:11} {r['images_per_s']:9.0f} "
                      f"{r['steady_images_per_s']:9.0f} {r['cpu_ms_per_image']:10.2f} "
@@ -526,20 +424,21 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--reps", type=int, default=3)
+    H.add_arg(p, "--reps", 3)
     p.add_argument("--images", type=int, default=2000)
-    p.add_argument("--only", default=",".join(CONTENDERS))
+    H.add_arg(p, "--only", ",".join(CONTENDERS))
     p.add_argument("--pipelines", default="imagenet,simclr")
-    p.add_argument("--stoker", type=Path, default=REPO / "target/release/stoker")
-    p.add_argument("--python", type=Path, default=REPO / ".venv-bench/bin/python")
-    p.add_argument("--timeout", type=float, default=600)
-    p.add_argument("--out", type=Path, default=REPO / "bench/results/ops.json")
+    H.add_arg(p, "--stoker", REPO / "target/release/stoker")
+    H.add_arg(p, "--python", REPO / ".venv-bench/bin/python")
+    H.add_arg(p, "--timeout", 600)
+    H.add_arg(p, "--out", REPO / "bench/results/ops.json")
     a = p.parse_args(argv)
+    names = H.pick(a.only, CONTENDERS, p.error, default=(), keep_order=True)
+    pipelines = H.pick(a.pipelines, PIPELINES, p.error, what="pipeline", default=(), keep_order=True)
     for path, what in ((a.stoker, "stoker (cargo build --release -p stoker)"), (a.python, "the venv (bash bench/setup.sh)")):
         if not path.exists():
             log(f"missing {path}: build/install {what}")
             return 2
-    pipelines = [x for x in a.pipelines.split(",") if x]
     data = prepare_data(a.images, a.python)
     audio = prepare_audio(a.python) if "speech" in pipelines else Path("/nonexistent")
     work = Path("/tmp/stoker-bench-ops")
@@ -548,50 +447,42 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     text = prepare_text() if "text" in pipelines else Path("/nonexistent")
     ctx = Ctx(a, data, audio, a.stoker, a.python, work, env, text)
-    names = [n for n in a.only.split(",") if n]
     rows = []
     try:
         for pipeline in pipelines:
             expected = {"speech": CLIPS, "text": TEXTS}.get(pipeline, a.images)
             todo = contenders_of(pipeline, names)
-            reps: dict[str, list[Rep]] = {n: [] for n in todo}
-            errors: dict[str, str] = {}
             # One untimed pass warms the page cache and the Python imports.
             for n in todo[:1]:
                 try:
                     CONTENDERS[n](ctx, pipeline)
-                except ContenderError:
+                except H.ContenderError:
                     pass
-            for rep in range(a.reps):
-                order = todo[rep % len(todo):] + todo[:rep % len(todo)]
-                for n in order:
-                    if n in errors:
-                        continue
-                    try:
-                        r = CONTENDERS[n](ctx, pipeline)
-                        if r.images != expected:
-                            raise ContenderError(f"{r.images} items, expected {expected}")
-                        reps[n].append(r)
-                        log(f"{pipeline} {n} rep {rep + 1}: {r.images / r.seconds:.0f} images/s, "
-                            f"{1000 * r.cpu_s / r.images:.2f} ms CPU/image")
-                    except ContenderError as e:
-                        errors[n] = str(e)
-                        log(f"{pipeline} {n}: {e}")
-            rows += [summarize(pipeline, n, reps[n], errors.get(n)) for n in todo]
+
+            def ok(rep: int, pipeline: str, n: str, r: Rep) -> None:
+                log(f"{pipeline} {n} rep {rep + 1}: {r.images / r.seconds:.0f} images/s, "
+                    f"{1000 * r.cpu_s / r.images:.2f} ms CPU/image")
+
+            # Every contender once per rep, the order rotated each rep.
+            trials = H.run_reps(a.reps, [(pipeline, todo)], lambda pl, n, _rep: CONTENDERS[n](ctx, pl),
+                                expect=lambda _pl, _n, r: f"{r.images} items, expected {expected}"
+                                if r.images != expected else None,
+                                on_ok=ok, on_fail=lambda _rep, pl, n, err: log(f"{pl} {n}: {err}"))
+            rows += [summarize(pipeline, n, trials.reps[(pipeline, n)], trials.errors.get((pipeline, n)))
+                     for n in todo]
     finally:
-        kill_live_children()
+        H.kill_live_children()
     print(table(rows))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({
-        "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "args": {k: str(v) for k, v in vars(a).items()},
+    H.write_json(a.out, {
+        "date": H.now_iso(utc=False),
+        "commit": H.git_commit(),
+        "machine": H.machine(),
+        "args": H.args_dict(a),
         "rows": rows,
-    }, indent=1))
+    }, indent=1, newline=False)
     log(f"wrote {a.out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    H.run_main(main, log)

@@ -28,7 +28,8 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
+
+import harness as H  # bench/harness.py (bench/ is on sys.path: this file is run as a script)
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -38,13 +39,13 @@ def emit(images: int, t0: float, first: float | None, first_n: int = 0, t_fw: fl
     """One JSON line. `t_fw`: when the array framework (torch, TensorFlow, NumPy) had been
     imported, which every training script does whatever its loader: `import_s` is the time
     from `t0` to it, so a reader can also time the loader alone."""
-    print(json.dumps({
+    H.emit({
         "images": images,
         "seconds": time.perf_counter() - t0,
         "first_batch_s": None if first is None else first - t0,
         "first_batch_images": first_n,
         "import_s": 0.0 if t_fw is None else t_fw - t0,
-    }), flush=True)
+    })
 
 
 def files(d: str) -> list[str]:

@@ -40,40 +40,21 @@ Standard library only; the Python contenders run in the venv made by bench/setup
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
-import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from storage import (  # noqa: E402  (the storage benchmark's server and child-process accounting)
-    ACCESS_KEY,
-    REGION,
-    SECRET_KEY,
-    ContenderError,
-    HarnessError,
-    Server,
-    kill_live_children,
-    _tail,
-    _version,
-    check,
-    client_env,
-    git_commit,
-    last_json,
-    run_child,
-)
+import harness as H  # noqa: E402  (the loop, child processes, test server, tables: bench/harness.py)
+from harness import MIB, ContenderError, HarnessError  # noqa: E402
 
-MIB = 1024 * 1024
-BENCH_DIR = Path(__file__).resolve().parent
-REPO = BENCH_DIR.parent
+BENCH_DIR = H.BENCH_DIR
+REPO = H.REPO
 READERS = BENCH_DIR / "pipeline_readers.py"
 BUCKET = "pipe"
 
@@ -85,9 +66,7 @@ FORMATS = {
     "jsonl": ("jsonl/", ".jsonl", "jsonl", ["jsonl"]),
 }
 
-
-def log(msg: str) -> None:
-    print(f"[pipeline-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = H.logger("pipeline-bench")
 
 
 # ---------------------------------------------------------------- data
@@ -121,7 +100,7 @@ def prepare_data(a: argparse.Namespace, python: Path) -> tuple[Path, dict[str, F
                 "--pq-rows", str(a.pq_rows), "--jsonl-rows", str(a.jsonl_rows)]
         r = subprocess.run(argv, capture_output=True, text=True)
         if r.returncode != 0:
-            raise HarnessError(f"data generation failed: {_tail(r.stderr)}")
+            raise HarnessError(f"data generation failed: {H.tail(r.stderr)}")
         marker.write_text(json.dumps(cfg) + "\n")
     records = {
         "wds": a.wds_shards * a.wds_samples,
@@ -136,10 +115,7 @@ def prepare_data(a: argparse.Namespace, python: Path) -> tuple[Path, dict[str, F
         out[fmt] = FormatData(keys=[prefix + p.name for p in files], bytes=sum(p.stat().st_size for p in files),
                               records=records[fmt])
         # Into the page cache: the server answers from memory for every contender.
-        for p in files:
-            with open(p, "rb", buffering=0) as f:
-                while f.read(16 * MIB):
-                    pass
+        H.warm_page_cache(files)
     return root, out
 
 
@@ -200,9 +176,9 @@ def stoker_spec(ctx: Ctx, fmt: str, rows: bool = False) -> Path:
 def c_stoker(ctx: Ctx, fmt: str, rows: bool = False) -> Rep:
     spec = stoker_spec(ctx, fmt, rows)
     argv = [str(ctx.stoker), "run", str(spec), "--json", "--endpoint", ctx.endpoint, *ctx.args.stoker_arg]
-    child = run_child(argv, ctx.env, ctx.args.timeout)
-    check(child, "stoker run")
-    res = last_json(child.stdout)
+    child = H.run_child(argv, ctx.env, ctx.args.timeout)
+    H.check(child, "stoker run")
+    res = H.last_json(child.stdout)
     return Rep(
         seconds=float(res["seconds"]),
         process_wall_s=child.wall_s,
@@ -223,9 +199,9 @@ def _python(ctx: Ctx, fmt: str, program: str, extra: list[str]) -> Rep:
     argv = [str(ctx.python), str(READERS), program, "--endpoint", ctx.endpoint, "--bucket", BUCKET,
             "--object-bytes", str(d.bytes), "--keys", *d.keys, *extra]
     env = dict(ctx.env, TF_CPP_MIN_LOG_LEVEL="2", PYTHONWARNINGS="ignore")
-    child = run_child(argv, env, ctx.args.timeout)
-    check(child, program)
-    res = last_json(child.stdout)
+    child = H.run_child(argv, env, ctx.args.timeout)
+    H.check(child, program)
+    res = H.last_json(child.stdout)
     return Rep(
         seconds=float(res["seconds"]),
         process_wall_s=child.wall_s,
@@ -262,49 +238,54 @@ def summarize(fmt: str, latency: float, contender: str, reps: list[Rep], error: 
     if not reps:
         return row
     secs = [r.seconds for r in reps]
-    med = statistics.median(secs)
+    med = H.median(secs)
     row.update(
         seconds=med,
         records_per_s=d.records / med,
         mib_per_s=d.bytes / MIB / med,
-        cpu_s=statistics.median(r.cpu_s for r in reps),
-        peak_rss_mib=max(r.peak_rss_mib for r in reps),
-        server_cpu_s=statistics.median(r.server_cpu_s for r in reps),
+        **H.medians(reps, "cpu_s"),
+        **H.maxima(reps, "peak_rss_mib"),
+        **H.medians(reps, "server_cpu_s"),
         seconds_per_rep=secs,
         process_wall_s=[r.process_wall_s for r in reps],
         cpu_per_rep=[r.cpu_s for r in reps],
     )
     # The extra fields of the median rep (stoker: its per-stage busy/wait seconds).
-    mid = sorted(reps, key=lambda r: r.seconds)[len(reps) // 2]
-    row["median_rep_extra"] = mid.extra
+    row["median_rep_extra"] = H.median_item(reps, key=lambda r: r.seconds).extra
     return row
 
 
 def add_ratios(rows: list[dict]) -> None:
+    """stoker_ratio on each peer's row: stoker's records/s over the peer's (same format and
+    latency); on every stoker contender's row (stoker-rows too): its records/s over the best peer's."""
+    def group(r: dict) -> tuple:
+        return r["format"], r["latency_ms"]
+
+    def ok(r: dict) -> bool:
+        return "records_per_s" in r
+
+    def peer(r: dict) -> bool:
+        return not r["contender"].startswith("stoker")
+
+    H.add_ratios(rows, rate="records_per_s", group=group, key="stoker_ratio", ok=ok, which=peer)
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["format"], r["latency_ms"]), []).append(r)
+        groups.setdefault(group(r), []).append(r)
     for g in groups.values():
-        st = next((r for r in g if r["contender"] == "stoker" and "records_per_s" in r), None)
-        peers = [r for r in g if not r["contender"].startswith("stoker") and "records_per_s" in r]
-        for r in peers:
-            if st:
-                r["stoker_ratio"] = st["records_per_s"] / r["records_per_s"]
-        # Every stoker contender (stoker-rows too) against the best peer.
-        for s in (r for r in g if r["contender"].startswith("stoker") and "records_per_s" in r):
-            if peers:
-                best = max(peers, key=lambda r: r["records_per_s"])
+        best = H.best((r for r in g if ok(r) and peer(r)), "records_per_s")
+        for s in (r for r in g if ok(r) and not peer(r)):
+            if best:
                 s["best_peer"] = best["contender"]
                 s["stoker_ratio_vs_best_peer"] = s["records_per_s"] / best["records_per_s"]
 
 
 def table(rows: list[dict]) -> str:
     head = ["format", "lat ms", "contender", "median s", "records/s", "MiB/s", "CPU s", "RSS MiB", "srv CPU s", "stoker/peer"]
-    out = [head]
+    out = []
     for r in rows:
         if "records_per_s" not in r:
             out.append([r["format"], f"{r['latency_ms']:g}", r["contender"], "FAILED", "", "", "", "", "",
-                        _tail(r.get("error", ""), 60)])
+                        H.tail(r.get("error", ""), 60)])
             continue
         if r["contender"].startswith("stoker"):
             ratio = f"{r['stoker_ratio_vs_best_peer']:.2f}x best ({r['best_peer']})" if "best_peer" in r else "-"
@@ -313,14 +294,7 @@ def table(rows: list[dict]) -> str:
         out.append([r["format"], f"{r['latency_ms']:g}", r["contender"], f"{r['seconds']:.3f}",
                     f"{r['records_per_s']:.0f}", f"{r['mib_per_s']:.1f}", f"{r['cpu_s']:.2f}",
                     f"{r['peak_rss_mib']:.0f}", f"{r['server_cpu_s']:.2f}", ratio])
-    widths = [max(len(row[i]) for row in out) for i in range(len(head))]
-    right = {3, 4, 5, 6, 7, 8}
-    lines = []
-    for k, row in enumerate(out):
-        lines.append("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return H.text_table(head, out, right={3, 4, 5, 6, 7, 8})
 
 
 def stage_table(rows: list[dict]) -> str:
@@ -348,9 +322,9 @@ def run_engine(a: argparse.Namespace) -> dict:
                          f"-p stoker-pipeline --example engine_overhead"}
     argv = [str(exe), "--samples", str(a.engine_samples), "--reps", str(a.engine_reps)]
     log("engine overhead: " + " ".join(argv))
-    child = run_child(argv, dict(os.environ), max(a.timeout, 1800))
+    child = H.run_child(argv, dict(os.environ), max(a.timeout, 1800))
     if child.returncode != 0:
-        return {"error": f"engine_overhead exited with {child.returncode}: {_tail(child.stderr)}", "argv": argv}
+        return {"error": f"engine_overhead exited with {child.returncode}: {H.tail(child.stderr)}", "argv": argv}
     lines = [json.loads(ln) for ln in child.stdout.splitlines() if ln.startswith("{")]
     return {"argv": argv, "wall_s": child.wall_s, "cpu_s": child.cpu_s, "peak_rss_mib": child.maxrss_mib,
             "cases": [x for x in lines if "scaling" not in x], "scaling": [x for x in lines if "scaling" in x]}
@@ -361,50 +335,29 @@ def engine_table(eng: dict) -> str:
         return f"engine overhead: FAILED: {eng['error']}"
     scale = {(s["kind"], s["maps"], s["batch"]): s["ratio"] for s in eng["scaling"]}
     head = ["maps", "kind", "batch", "threads", "median s", "samples/s", "ns/sample", "1->2 scaling"]
-    out = [head]
+    out = []
     for c in sorted(eng["cases"], key=lambda c: (c["maps"], c["kind"], c["batch"], c["threads"])):
         sc = scale.get((c["kind"], c["maps"], c["batch"])) if c["threads"] == 2 else None
         out.append([str(c["maps"]), c["kind"], str(c["batch"] or "-"), str(c["threads"]), f"{c['seconds']:.3f}",
                     f"{c['samples_per_s']:.0f}", f"{c['ns_per_sample']:.0f}", f"{sc:.2f}x" if sc else ""])
-    widths = [max(len(row[i]) for row in out) for i in range(len(head))]
-    lines = []
-    for k, row in enumerate(out):
-        lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return H.text_table(head, out, right=range(len(head)))
 
 
 # ---------------------------------------------------------------- main
 
 
 def environment(a: argparse.Namespace, stoker: Path, python: Path) -> dict:
-    env = {"host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
-           "python": platform.python_version(), "curl": _version(["curl", "--version"]),
-           "stoker": _version([str(stoker), "--version"]), "stoker_binary": str(stoker)}
-    if python.exists():
-        probe = (
-            "import importlib.metadata as m\n"
-            "for p in ('webdataset','tensorflow-cpu','tensorflow','pyarrow','boto3','torch','numpy'):\n"
-            "    try: print(p, m.version(p))\n"
-            "    except m.PackageNotFoundError: print(p, 'not-installed')\n"
-        )
-        out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
-        for line in out.stdout.splitlines():
-            k, v = line.split()
-            env[k] = v
-    commit = git_commit()
-    if commit:
-        env["git_commit"] = commit
-    return env
+    return H.environment({"curl": ["curl", "--version"], "stoker": [str(stoker), "--version"]},
+                         extra={"stoker_binary": str(stoker)}, python=python,
+                         packages=("webdataset", "tensorflow-cpu", "tensorflow", "pyarrow", "boto3", "torch", "numpy"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=3)
+    H.add_arg(ap, "--reps", 3)
     ap.add_argument("--latencies", default="10,0", help="server latencies to run, ms (comma list); default 10,0")
     ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--only", default="", help="contenders to run (comma list; default all)")
+    H.add_arg(ap, "--only", "", help="contenders to run (comma list; default all)")
     ap.add_argument("--engine", action="store_true", help="run only the engine-overhead section")
     ap.add_argument("--no-engine", action="store_true", help="skip the engine-overhead section")
     ap.add_argument("--engine-samples", type=int, default=1_000_000)
@@ -424,30 +377,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="parquet: rows per batch of stoker's `batch` and of pyarrow's to_batches")
     ap.add_argument("--jsonl-rows", type=int, default=200_000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--stoker", type=Path, default=Path(os.environ.get("STOKER_BIN", REPO / "target/release/stoker")))
-    ap.add_argument("--server", type=Path,
-                    default=Path(os.environ.get("STOKER_TESTSERVER_BIN", REPO / "target/release/stoker-testserver")))
-    ap.add_argument("--venv", type=Path, default=Path(os.environ.get("STOKER_BENCH_VENV", REPO / ".venv-bench")))
+    H.add_arg(ap, "--stoker", Path(os.environ.get("STOKER_BIN", REPO / "target/release/stoker")))
+    H.add_arg(ap, "--server", Path(os.environ.get("STOKER_TESTSERVER_BIN", REPO / "target/release/stoker-testserver")))
+    H.add_arg(ap, "--venv", H.VENV)
     ap.add_argument("--data-dir", type=Path, default=Path("/tmp/stoker-bench-data/pipeline"))
-    ap.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "pipeline.json")
-    ap.add_argument("--timeout", type=float, default=600)
+    H.add_arg(ap, "--out", H.RESULTS / "pipeline.json")
+    H.add_arg(ap, "--timeout", 600)
     a = ap.parse_args(argv)
-    a.format_list = [f for f in a.formats.split(",") if f]
-    for f in a.format_list:
-        if f not in FORMATS:
-            ap.error(f"unknown format {f!r} ({', '.join(FORMATS)})")
+    a.format_list = H.pick(a.formats, FORMATS, ap.error, what="format", default=(), keep_order=True)
     a.latency_list = [float(x) for x in a.latencies.split(",") if x]
-    a.only_set = {c for c in a.only.split(",") if c}
-    for c in a.only_set:
-        if c not in RUNNERS:
-            ap.error(f"unknown contender {c!r} ({', '.join(RUNNERS)})")
+    a.only_set = set(H.pick(a.only, RUNNERS, ap.error, default=()))
     return a
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     python = a.venv / "bin" / "python"
-    doc: dict = {"benchmark": "pipeline", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    doc: dict = {"benchmark": "pipeline", "date": H.now_iso(),
                  "config": {"reps": a.reps, "latencies_ms": a.latency_list, "interleave": a.interleave,
                             "stoker_threads": a.stoker_threads or "default", "wds_workers": a.wds_workers,
                             "data": data_config(a), "engine_samples": a.engine_samples, "engine_reps": a.engine_reps},
@@ -469,8 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_s": "median user+sys CPU of the reader's process tree (wait4), less the Python start-up and imports",
         "stoker_ratio": "stoker records/s / this contender's records/s (same format and latency)",
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(doc, indent=2) + "\n")
+    H.write_json(a.out, doc)
     print()
     if rows:
         d = doc["config"]["data"]
@@ -503,11 +448,9 @@ def run_formats(a: argparse.Namespace, python: Path, doc: dict) -> list[dict]:
         work = Path(tempfile.mkdtemp(prefix="stoker-pipe-bench-"))
         server = None
         try:
-            server_argv = [str(a.server), "--root", str(root), "--host", "127.0.0.1", "--port", "0",
-                           "--latency-ms", f"{latency:g}", "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY]
-            server = Server(server_argv, work / "server.log")
+            server = H.Server.start(a.server, root, latency, work / "server.log")
             log(f"test server at {server.endpoint} (latency {latency:g} ms)")
-            ctx = Ctx(args=a, data=data, endpoint=server.endpoint, env=client_env(work), stoker=a.stoker,
+            ctx = Ctx(args=a, data=data, endpoint=server.endpoint, env=H.client_env(work), stoker=a.stoker,
                       python=python, work=work)
             contenders = {f: [c for c in ["stoker", *FORMATS[f][3]] if not a.only_set or c in a.only_set]
                           for f in a.format_list}
@@ -516,42 +459,29 @@ def run_formats(a: argparse.Namespace, python: Path, doc: dict) -> list[dict]:
                 try:
                     c_stoker(ctx, f)
                 except ContenderError as e:
-                    log(f"warm-up {f}: stoker failed: {_tail(str(e), 300)}")
-            reps: dict[tuple[str, str], list[Rep]] = {(f, c): [] for f in a.format_list for c in contenders[f]}
-            errors: dict[tuple[str, str], str] = {}
-            for rep in range(a.reps):
-                for f in a.format_list:
-                    cs = contenders[f]
-                    k = rep % len(cs)
-                    for c in cs[k:] + cs[:k]:
-                        if (f, c) in errors:
-                            continue
-                        cpu0 = server.cpu_s()
-                        try:
-                            r = RUNNERS[c](ctx, f)
-                            if r.records != data[f].records:
-                                raise ContenderError(f"read {r.records} records, expected {data[f].records}")
-                        except HarnessError:
-                            raise
-                        except Exception as e:
-                            if not isinstance(e, ContenderError):
-                                e = ContenderError(f"{type(e).__name__}: {e}")
-                            errors[(f, c)] = str(e)
-                            log(f"{latency:g} ms rep {rep + 1}/{a.reps} {f:8s} {c:14s} FAILED: {_tail(str(e), 400)}")
-                            continue
-                        r.server_cpu_s = server.cpu_s() - cpu0
-                        reps[(f, c)].append(r)
-                        log(f"{latency:g} ms rep {rep + 1}/{a.reps} {f:8s} {c:14s} {r.seconds:8.3f} s "
-                            f"{r.records / r.seconds:9.0f} rec/s  cpu {r.cpu_s:6.2f} s  rss {r.peak_rss_mib:5.0f} MiB  "
-                            f"server cpu {r.server_cpu_s:5.2f} s")
-                        if server.proc.poll() is not None:
-                            raise HarnessError(f"test server died (exit {server.proc.returncode})")
-            group = [summarize(f, latency, c, reps[(f, c)], errors.get((f, c)), data[f])
+                    log(f"warm-up {f}: stoker failed: {H.tail(str(e), 300)}")
+
+            def expect(f: str, c: str, r: Rep) -> str | None:
+                return f"read {r.records} records, expected {data[f].records}" if r.records != data[f].records else None
+
+            def ok(rep: int, f: str, c: str, r: Rep) -> None:
+                log(f"{latency:g} ms rep {rep + 1}/{a.reps} {f:8s} {c:14s} {r.seconds:8.3f} s "
+                    f"{r.records / r.seconds:9.0f} rec/s  cpu {r.cpu_s:6.2f} s  rss {r.peak_rss_mib:5.0f} MiB  "
+                    f"server cpu {r.server_cpu_s:5.2f} s")
+
+            def failed(rep: int, f: str, c: str, err: str) -> None:
+                log(f"{latency:g} ms rep {rep + 1}/{a.reps} {f:8s} {c:14s} FAILED: {H.tail(err, 400)}")
+
+            # A format's contenders interleaved within a rep, the order rotated each rep.
+            trials = H.run_reps(a.reps, [(f, contenders[f]) for f in a.format_list],
+                                lambda f, c, _rep: RUNNERS[c](ctx, f), expect=expect, server=server,
+                                time_server=True, on_ok=ok, on_fail=failed)
+            group = [summarize(f, latency, c, trials.reps[(f, c)], trials.errors.get((f, c)), data[f])
                      for f in a.format_list for c in contenders[f]]
             add_ratios(group)
             rows += group
         finally:
-            kill_live_children()
+            H.kill_live_children()
             if server is not None:
                 server.stop()
             shutil.rmtree(work, ignore_errors=True)
@@ -559,8 +489,4 @@ def run_formats(a: argparse.Namespace, python: Path, doc: dict) -> list[dict]:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except HarnessError as e:
-        log(f"error: {e}")
-        sys.exit(2)
+    H.run_main(main, log)

@@ -31,46 +31,18 @@ import argparse
 import json
 import os
 import random
-import resource
 import sys
 import time
 
-ACCESS_KEY = "stoker-test"
-SECRET_KEY = "stoker-test-secret"
-REGION = "us-east-1"
-MIB = 1024 * 1024
-
-
-def cpu_now() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
-def emit(res: dict) -> None:
-    print(json.dumps(res), flush=True)
+import harness as H  # bench/harness.py (bench/ is on sys.path: this file is run as a script)
+from harness import ACCESS_KEY, MIB, REGION, SECRET_KEY, emit
 
 
 def boto3_client(endpoint: str, pool: int = 32):
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        region_name=REGION,
-        config=Config(s3={"addressing_style": "path"}, max_pool_connections=pool, retries={"max_attempts": 3}),
-    )
+    return H.boto3_client(endpoint, pool, s3={"addressing_style": "path"}, retries={"max_attempts": 3})
 
 
 # ---------------------------------------------------------------- data
-
-
-def _write_atomic(path: str, write) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def gen_wds(d: str, shards: int, samples: int, mean: int, seed: int) -> None:
@@ -96,7 +68,7 @@ def gen_wds(d: str, shards: int, samples: int, mean: int, seed: int) -> None:
                         info.mode = 0o644
                         tf.addfile(info, io.BytesIO(payload))
 
-        _write_atomic(path, write)
+        H.write_atomic(path, write)
 
 
 def gen_tfrecord(d: str, files: int, records: int, mean: int, seed: int) -> None:
@@ -124,7 +96,7 @@ def gen_tfrecord(d: str, files: int, records: int, mean: int, seed: int) -> None
                     )
                     w.write(ex.SerializeToString())
 
-        _write_atomic(path, write)
+        H.write_atomic(path, write)
 
 
 WORDS = "the of and to in is was for on that with by as at from his her an which or be are this had not".split()
@@ -152,7 +124,7 @@ def gen_parquet(d: str, files: int, rows: int, row_groups: int, seed: int) -> No
                 "text": pa.array([" ".join(rng.choices(WORDS, k=20)) for _ in range(per_file)], pa.string()),
             }
         )
-        _write_atomic(path, lambda tmp: pq.write_table(table, tmp, row_group_size=per_file // row_groups, compression="snappy"))
+        H.write_atomic(path, lambda tmp: pq.write_table(table, tmp, row_group_size=per_file // row_groups, compression="snappy"))
 
 
 def gen_jsonl(d: str, files: int, rows: int, seed: int) -> None:
@@ -176,7 +148,7 @@ def gen_jsonl(d: str, files: int, rows: int, seed: int) -> None:
                     }
                     out.write(json.dumps(rec) + "\n")
 
-        _write_atomic(path, write)
+        H.write_atomic(path, write)
 
 
 def cmd_gen(a: argparse.Namespace) -> None:
@@ -207,7 +179,7 @@ def _wds_count(sample: dict) -> int:
 def cmd_wds(a: argparse.Namespace) -> None:
     import webdataset as wds
 
-    startup = cpu_now()
+    startup = H.cpu_self()
     t0 = time.perf_counter()
     urls = [curl_pipe_url(a.endpoint, a.bucket, k) for k in a.keys]
     records = payload = 0
@@ -235,7 +207,7 @@ def cmd_tf(a: argparse.Namespace) -> None:
 
     import tensorflow as tf
 
-    startup = cpu_now()
+    startup = H.cpu_self()
     t0 = time.perf_counter()
     s3 = boto3_client(a.endpoint, a.threads)
     tmp = tempfile.mkdtemp(prefix="stoker-pipe-tf-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -284,7 +256,7 @@ def cmd_pyarrow(a: argparse.Namespace) -> None:
     import pyarrow.dataset as pads
     from pyarrow import fs
 
-    startup = cpu_now()
+    startup = H.cpu_self()
     t0 = time.perf_counter()
     host = a.endpoint.split("://", 1)[1]
     s3 = fs.S3FileSystem(access_key=ACCESS_KEY, secret_key=SECRET_KEY, region=REGION, endpoint_override=host, scheme="http")
@@ -306,7 +278,7 @@ def cmd_pyarrow(a: argparse.Namespace) -> None:
 def cmd_jsonl(a: argparse.Namespace) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    startup = cpu_now()
+    startup = H.cpu_self()
     t0 = time.perf_counter()
     s3 = boto3_client(a.endpoint, a.threads)
 

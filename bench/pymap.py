@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as H  # noqa: E402  (median, the common flags: bench/harness.py)
 
-import stoker
+# numpy and stoker (the package under test) are imported where used, so that --help runs
+# in any Python.
 
 
 def identity(sample):
@@ -58,6 +61,10 @@ def spin_ms(item, ms):
 
 
 def placement(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    import stoker
+
     n, b, ms, t = args.items, args.batch, args.work_ms, args.threads
     samples = [{"i": i, "x": np.zeros(16, dtype=np.float32)} for i in range(n * b)]
     base = stoker.from_samples(samples).options(threads=t)
@@ -77,14 +84,14 @@ def placement(args: argparse.Namespace) -> None:
                 except Exception as e:  # noqa: BLE001 - an engine that cannot: say why
                     print(f"  {where:<30} {kind:<21} {mode:<12} error: {str(e).splitlines()[0][:90]}")
                     continue
-                rate = statistics.median(rates)
+                rate = H.median(rates)
                 print(
                     f"  {where:<30} {kind:<21} {mode:<12} {rate:>8,.0f} items/s  "
                     f"x{rate / serial:.2f}  (runs: {', '.join(f'{r:,.0f}' for r in rates)})"
                 )
 
 
-def timed(p: stoker.Pipeline) -> float:
+def timed(p) -> float:  # p: a stoker.Pipeline
     run = p.run()
     next(run)  # listing, first workers: not timed
     start = time.perf_counter()
@@ -101,11 +108,15 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=1000)
     ap.add_argument("--work-ms", type=float, default=1.0)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--reps", type=int, default=3)
+    H.add_arg(ap, "--reps", 3, help="--placement: runs of each case (the median is printed)")
     args = ap.parse_args()
     if args.placement:
         placement(args)
         return
+
+    import numpy as np
+
+    import stoker
 
     tensor = np.zeros(args.payload // 4, dtype=np.float32)
     samples = [{"i": i, "txt": f"sample {i}", "x": tensor} for i in range(args.samples)]
@@ -130,4 +141,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    H.run_main(main)

@@ -41,10 +41,6 @@ process start and from that import.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import os
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -52,8 +48,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import ops as opsbench  # noqa: E402
-import storage as storagebench  # noqa: E402
+import harness as H  # noqa: E402  (the loop, child processes, test server: bench/harness.py)
+import ops as opsbench  # noqa: E402  (the JPEGs, the pipeline's Rep and summary)
 
 REPO = HERE.parent
 READERS = HERE / "python_readers.py"
@@ -61,9 +57,7 @@ BUCKET = "imagefolder-2000"
 
 CONTENDERS = ["stoker", "stoker-np", "stoker-thr", "torch-2w", "torch-best", "tfdata", "ray"]
 
-
-def log(msg: str) -> None:
-    opsbench.log(msg)
+log = opsbench.log
 
 
 def argv_of(name: str, source: str, variant: str, where: list[str]) -> list[str] | None:
@@ -84,14 +78,8 @@ def argv_of(name: str, source: str, variant: str, where: list[str]) -> list[str]
     raise ValueError(name)
 
 
-def run_one(ctx: opsbench.Ctx, python: Path, args: list[str]) -> opsbench.Rep:
-    r = opsbench.run_tree([str(python), str(READERS), *args], ctx.env, ctx.args.timeout)
-    if r.returncode != 0:
-        raise opsbench.ContenderError(f"{args[0]} exited {r.returncode}: {opsbench._tail(r.stderr)}")
-    res = opsbench.last_json(r.stdout)
-    return opsbench.Rep(float(res["seconds"]), int(res["images"]), r.cpu_s, r.peak_rss, r.peak_pss,
-                        res.get("first_batch_s"), int(res.get("first_batch_images") or 0),
-                        float(res.get("import_s") or 0.0))
+def run_one(ctx: opsbench.Ctx, args: list[str]) -> opsbench.Rep:
+    return opsbench.run_reader(ctx, READERS, args)
 
 
 #: The array framework each contender's batches live in (imported by a training script
@@ -103,8 +91,8 @@ FRAMEWORK = {"stoker": "torch", "stoker-np": "numpy", "stoker-thr": "torch", "to
 def framework_baseline(ctx: opsbench.Ctx, python: Path, framework: str) -> dict:
     """Peak RSS and PSS of a process that only imports the framework (median of 3)."""
     code = f"import {framework}, time; time.sleep(0.5)"
-    runs = [opsbench.run_tree([str(python), "-c", code], ctx.env, ctx.args.timeout) for _ in range(3)]
-    return {"rss": statistics.median(r.peak_rss for r in runs), "pss": statistics.median(r.peak_pss for r in runs)}
+    runs = [H.run_child([str(python), "-c", code], ctx.env, ctx.args.timeout, sample_memory=True) for _ in range(3)]
+    return {"rss": H.median(r.peak_rss for r in runs), "pss": H.median(r.peak_pss for r in runs)}
 
 
 def loader_figures(reps: list[opsbench.Rep]) -> dict:
@@ -112,7 +100,7 @@ def loader_figures(reps: list[opsbench.Rep]) -> dict:
     which a training script imports whatever loads its data): the loader's own cost."""
     if not reps:
         return {}
-    med = statistics.median
+    med = H.median
     return {
         "import_s": med(r.import_s for r in reps),
         "loader_images_per_s": med(r.images / (r.seconds - r.import_s) for r in reps),
@@ -135,9 +123,7 @@ def table(rows: list[dict]) -> str:
         s = by.get((r["source"], r["variant"], "stoker"))
         ratio = ""
         if s and not s.get("error") and not r["contender"].startswith("stoker"):
-            ratio = (f"{s['images_per_s'] / r['images_per_s']:.2f}x "
-                     f"({s['steady_images_per_s'] / r['steady_images_per_s']:.2f}x; "
-                     f"{s['loader_images_per_s'] / r['loader_images_per_s']:.2f}x)")
+            ratio = H.ratio_text(s, r, ["images_per_s", "steady_images_per_s", "loader_images_per_s"])
         fb = "-" if r["first_batch_s"] is None else f"{r['first_batch_s']:.2f}"
         fl = "-" if r.get("first_batch_after_import_s") is None else f"{r['first_batch_after_import_s']:.2f}"
         lines.append(f"{tag} {r['images_per_s']:9.0f} {r['steady_images_per_s']:9.0f} "
@@ -151,17 +137,20 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--reps", type=int, default=3)
+    H.add_arg(p, "--reps", 3)
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--sources", default="local,s3")
     p.add_argument("--variants", default="plain,pyfn")
-    p.add_argument("--only", default=",".join(CONTENDERS))
-    p.add_argument("--latency-ms", type=float, default=10)
-    p.add_argument("--python", type=Path, default=REPO / ".venv-bench/bin/python")
-    p.add_argument("--server", type=Path, default=REPO / "target/release/stoker-testserver")
-    p.add_argument("--timeout", type=float, default=600)
-    p.add_argument("--out", type=Path, default=REPO / "bench/results/python.json")
+    H.add_arg(p, "--only", ",".join(CONTENDERS))
+    H.add_arg(p, "--latency-ms", 10)
+    H.add_arg(p, "--python", REPO / ".venv-bench/bin/python")
+    H.add_arg(p, "--server", REPO / "target/release/stoker-testserver")
+    H.add_arg(p, "--timeout", 600)
+    H.add_arg(p, "--out", REPO / "bench/results/python.json")
     a = p.parse_args(argv)
+    sources = H.pick(a.sources, ["local", "s3"], p.error, what="source", default=(), keep_order=True)
+    variants = H.pick(a.variants, ["plain", "pyfn"], p.error, what="variant", default=(), keep_order=True)
+    names = H.pick(a.only, CONTENDERS, p.error, default=(), keep_order=True)
     for path, what in ((a.python, "the venv (bash bench/setup.sh)"),
                        (a.server, "the test server (cargo build --release -p stoker-testserver)")):
         if not path.exists():
@@ -170,12 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     data = opsbench.prepare_data(a.images, a.python)
     work = Path("/tmp/stoker-bench-python")
     work.mkdir(exist_ok=True)
-    env = storagebench.client_env(work)
+    env = H.client_env(work)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     ctx = opsbench.Ctx(a, data, Path("/nonexistent"), Path("/nonexistent"), a.python, work, env)
-    sources = [s for s in a.sources.split(",") if s]
-    variants = [v for v in a.variants.split(",") if v]
-    names = [n for n in a.only.split(",") if n]
     server = None
     rows = []
     baselines = {}
@@ -186,10 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         endpoint = ""
         if "s3" in sources:
-            server = storagebench.Server(
-                [str(a.server), "--root", str(data.parent), "--host", "127.0.0.1", "--port", "0",
-                 "--latency-ms", f"{a.latency_ms:g}", "--access-key", storagebench.ACCESS_KEY,
-                 "--secret-key", storagebench.SECRET_KEY], work / "server.log")
+            server = H.Server.start(a.server, data.parent, a.latency_ms, work / "server.log")
             endpoint = server.endpoint
             log(f"test server at {endpoint}, bucket {BUCKET} = {data}")
         for source in sources:
@@ -198,32 +181,27 @@ def main(argv: list[str] | None = None) -> int:
             for variant in variants:
                 todo = [(n, argv_of(n, source, variant, where)) for n in names]
                 todo = [(n, args) for n, args in todo if args is not None]
-                reps: dict[str, list[opsbench.Rep]] = {n: [] for n, _ in todo}
-                errors: dict[str, str] = {}
+                argv = dict(todo)
                 # One untimed pass warms the page cache, the server and the imports.
                 try:
-                    run_one(ctx, a.python, todo[0][1])
-                except opsbench.ContenderError as e:
+                    run_one(ctx, todo[0][1])
+                except H.ContenderError as e:
                     log(f"warm-up: {e}")
-                for rep in range(a.reps):
-                    order = todo[rep % len(todo):] + todo[:rep % len(todo)]
-                    for n, args in order:
-                        if n in errors:
-                            continue
-                        try:
-                            r = run_one(ctx, a.python, args)
-                            if r.images != a.images:
-                                raise opsbench.ContenderError(f"{r.images} images, expected {a.images}")
-                            reps[n].append(r)
-                            log(f"{source} {variant} {n} rep {rep + 1}: {r.images / r.seconds:.0f} images/s, "
-                                f"{1000 * r.cpu_s / r.images:.2f} ms CPU/image, "
-                                f"PSS {r.peak_pss / 2**20:.0f} MiB")
-                        except opsbench.ContenderError as e:
-                            errors[n] = str(e)
-                            log(f"{source} {variant} {n}: {e}")
+
+                def ok(rep: int, _g, n: str, r: opsbench.Rep) -> None:
+                    log(f"{source} {variant} {n} rep {rep + 1}: {r.images / r.seconds:.0f} images/s, "
+                        f"{1000 * r.cpu_s / r.images:.2f} ms CPU/image, "
+                        f"PSS {r.peak_pss / 2**20:.0f} MiB")
+
+                # Every contender once per rep, the order rotated each rep.
+                trials = H.run_reps(a.reps, [(None, list(argv))], lambda _g, n, _rep: run_one(ctx, argv[n]),
+                                    expect=lambda _g, _n, r: f"{r.images} images, expected {a.images}"
+                                    if r.images != a.images else None,
+                                    on_ok=ok, on_fail=lambda _rep, _g, n, err: log(f"{source} {variant} {n}: {err}"))
                 for n, _ in todo:
-                    row = opsbench.summarize(f"{source}/{variant}", n, reps[n], errors.get(n))
-                    row.update(source=source, variant=variant, **loader_figures(reps[n]))
+                    reps = trials.reps[(None, n)]
+                    row = opsbench.summarize(f"{source}/{variant}", n, reps, trials.errors.get((None, n)))
+                    row.update(source=source, variant=variant, **loader_figures(reps))
                     base = baselines.get(FRAMEWORK.get(n, ""))
                     if base and not row.get("error"):
                         row.update(framework=FRAMEWORK[n],
@@ -231,23 +209,22 @@ def main(argv: list[str] | None = None) -> int:
                                    pss_above_framework_mib=row["peak_pss_mib"] - base["pss"] / 2**20)
                     rows.append(row)
     finally:
-        opsbench.kill_live_children()
+        H.kill_live_children()
         if server is not None:
             server.stop()
     print(table(rows))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({
-        "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": opsbench.git_commit(),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "args": {k: str(v) for k, v in vars(a).items()},
+    H.write_json(a.out, {
+        "date": H.now_iso(utc=False),
+        "commit": H.git_commit(),
+        "machine": H.machine(),
+        "args": H.args_dict(a),
         "rows": rows,
         "framework_baselines": baselines,
         "median": statistics.median.__name__,
-    }, indent=1))
+    }, indent=1, newline=False)
     log(f"wrote {a.out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    H.run_main(main, log)

@@ -28,13 +28,12 @@ import random
 import sys
 import time
 
+import harness as H  # bench/harness.py (bench/ is on sys.path: this file is run as a script)
+from harness import ACCESS_KEY, REGION, SECRET_KEY
 from ops_readers import MEAN, STD, emit, tf_imagenet  # noqa: F401  (same directory)
 from ops_readers import files as local_files  # noqa: F401
 
 BATCH = 64
-ACCESS_KEY = "stoker-test"
-SECRET_KEY = "stoker-test-secret"
-REGION = "us-east-1"
 
 
 def cutout(x):
@@ -59,12 +58,7 @@ def split_s3(url: str) -> tuple[str, str]:
 
 
 def boto3_client(endpoint: str, pool: int = 32):
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY,
-                        aws_secret_access_key=SECRET_KEY, region_name=REGION,
-                        config=Config(max_pool_connections=pool))
+    return H.boto3_client(endpoint, pool)
 
 
 def s3_keys(endpoint: str, url: str) -> list[str]:

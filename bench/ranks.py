@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import random
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -33,9 +31,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from storage import ACCESS_KEY, REGION, SECRET_KEY, Server  # noqa: E402
+import harness as H  # noqa: E402  (the loop, test server, logging: bench/harness.py)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = H.REPO
+log = H.logger("ranks-bench")
 BUCKET = "ranks"
 
 
@@ -74,45 +73,49 @@ def main() -> int:
     ap.add_argument("--shards", type=int, default=32)
     ap.add_argument("--samples", type=int, default=200, help="samples per shard")
     ap.add_argument("--sample-kb", type=int, default=100)
-    ap.add_argument("--latency-ms", type=float, default=10)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--no-build", action="store_true")
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "ranks.json")
+    H.add_arg(ap, "--latency-ms", 10)
+    H.add_arg(ap, "--reps", 3)
+    H.add_arg(ap, "--no-build")
+    H.add_arg(ap, "--out", REPO / "bench" / "results" / "ranks.json")
     a = ap.parse_args()
 
     if not a.no_build:
-        subprocess.run(["cargo", "build", "--release", "-p", "stoker", "-p", "stoker-testserver"], cwd=REPO, check=True)
+        H.cargo_build(log)
     stoker = REPO / "target" / "release" / "stoker"
     root = Path("/tmp/stoker-bench-data/ranks")
     total = make_data(root, a.shards, a.samples, a.sample_kb)
     work = Path(tempfile.mkdtemp(prefix="stoker-ranks-"))
-    server = Server(
-        [str(REPO / "target" / "release" / "stoker-testserver"), "--root", str(root), "--latency-ms", str(a.latency_ms),
-         "--fast-etags"],
-        work / "server.log",
-    )
-    env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_REGION=REGION,
-               AWS_ENDPOINT_URL=server.endpoint)
+    server = H.Server.start(REPO / "target" / "release" / "stoker-testserver", root, a.latency_ms, work / "server.log",
+                            ["--fast-etags"])
+    env = dict(H.client_env(work), AWS_ENDPOINT_URL=server.endpoint)
     try:
         index = work / "index.json"
         t_index, _ = run([str(stoker), "index", f"s3://{BUCKET}/train/", "--format", "tar", "--output", str(index)], env)
         subprocess.run(["cp", str(index), str(root / BUCKET / "index.json")], check=True)
         per_rank = total // a.world
-        results: dict[str, list[dict]] = {"interleaved": [], "contiguous": []}
-        for rep in range(a.reps):
-            for split in (["interleaved", "contiguous"] if rep % 2 == 0 else ["contiguous", "interleaved"]):
-                for rank in range(a.world):
-                    extra = f'shard_index = "s3://{BUCKET}/index.json"\n' if split == "contiguous" else ""
-                    spec = work / f"{split}-{rank}.toml"
-                    spec.write_text(
-                        f'source = "s3://{BUCKET}/train/"\nformat = "tar"\nshuffle_shards = true\ninterleave = 4\n'
-                        f'seed = {rep}\n[rank]\nrank = {rank}\nworld = {a.world}\nsplit = "{split}"\n{extra}'
-                    )
-                    _, p = run([str(stoker), "run", str(spec), "--json"], env)
-                    r = json.loads(p.stdout)
-                    if r["samples"] != per_rank:
-                        raise SystemExit(f"{split} rank {rank}: {r['samples']} samples, want {per_rank}")
-                    results[split].append({"rep": rep, "rank": rank, "seconds": r["seconds"], "bytes_read": r["bytes_read"]})
+
+        def epoch(_g, split: str, rep: int) -> list[dict]:
+            """Every rank of one split, one after the other."""
+            runs = []
+            for rank in range(a.world):
+                extra = f'shard_index = "s3://{BUCKET}/index.json"\n' if split == "contiguous" else ""
+                spec = work / f"{split}-{rank}.toml"
+                spec.write_text(
+                    f'source = "s3://{BUCKET}/train/"\nformat = "tar"\nshuffle_shards = true\ninterleave = 4\n'
+                    f'seed = {rep}\n[rank]\nrank = {rank}\nworld = {a.world}\nsplit = "{split}"\n{extra}'
+                )
+                _, p = run([str(stoker), "run", str(spec), "--json"], env)
+                r = json.loads(p.stdout)
+                if r["samples"] != per_rank:
+                    raise SystemExit(f"{split} rank {rank}: {r['samples']} samples, want {per_rank}")
+                runs.append({"rep": rep, "rank": rank, "seconds": r["seconds"], "bytes_read": r["bytes_read"]})
+            return runs
+
+        # Both splits in each rep, which goes first alternating; any failure ends the run.
+        splits = ["interleaved", "contiguous"]
+        trials = H.run_reps(a.reps, [(None, splits)], epoch,
+                            on_fail=lambda _rep, _g, split, err: sys.exit(f"{split}: {err}"))
+        results = {split: [x for runs in trials.reps[(None, split)] for x in runs] for split in splits}
         dataset_bytes = sum(f.stat().st_size for f in (root / BUCKET / "train").iterdir())
         print(f"rank split: {a.shards} tar shards x {a.samples} samples of {a.sample_kb} KB "
               f"({dataset_bytes / 2**20:.0f} MiB), world {a.world}, {a.latency_ms:g} ms latency, "
@@ -120,20 +123,19 @@ def main() -> int:
         print(f"{'split':<12} {'rank epoch s':>12} {'MiB read/rank':>14} {'x dataset':>10}")
         summary = {}
         for split, rows in results.items():
-            s = statistics.median(r["seconds"] for r in rows)
-            b = statistics.median(r["bytes_read"] for r in rows)
+            s = H.median(r["seconds"] for r in rows)
+            b = H.median(r["bytes_read"] for r in rows)
             summary[split] = {"seconds": s, "bytes_read": b}
             print(f"{split:<12} {s:>12.2f} {b / 2**20:>14.0f} {b / dataset_bytes:>10.2f}")
         ratio = summary["interleaved"]["seconds"] / summary["contiguous"]["seconds"]
         print(f"contiguous: {ratio:.2f}x faster per rank, "
               f"{summary['interleaved']['bytes_read'] / summary['contiguous']['bytes_read']:.2f}x fewer bytes")
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "index_s": t_index,
-                                     "dataset_bytes": dataset_bytes, "runs": results, "summary": summary}, indent=1))
+        H.write_json(a.out, {"args": H.args_dict(a), "index_s": t_index, "dataset_bytes": dataset_bytes,
+                             "runs": results, "summary": summary}, indent=1, newline=False)
     finally:
         server.stop()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    H.run_main(main, log)

@@ -25,58 +25,12 @@ AWS_REGION in the environment.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
-MIB = 1024 * 1024
-
-
-def _cpu_self() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
-def _rss_mib() -> float:
-    """Resident set size now (the process's baseline before the timed part)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
-class _Timer:
-    """Marks the start of the timed part and reports at the end."""
-
-    def __init__(self) -> None:
-        self.startup_cpu_s = 0.0
-        self.startup_rss_mib = 0.0
-        self.t0 = 0.0
-
-    def start(self) -> None:
-        self.startup_rss_mib = _rss_mib()
-        self.startup_cpu_s = _cpu_self()
-        self.t0 = time.perf_counter()
-
-    def report(self, objects: int, nbytes: int, **extra) -> None:
-        seconds = time.perf_counter() - self.t0
-        out = {
-            "objects": objects,
-            "bytes": nbytes,
-            "seconds": seconds,
-            "startup_cpu_s": self.startup_cpu_s,
-            "phase_cpu_s": _cpu_self() - self.startup_cpu_s,
-            "startup_rss_mib": self.startup_rss_mib,
-        }
-        out.update(extra)
-        print(json.dumps(out), flush=True)
+import harness as H  # bench/harness.py (bench/ is on sys.path: this file is run as a script)
+from harness import MIB
 
 
 def _region() -> str:
@@ -92,22 +46,14 @@ def _ranges(size: int, part: int) -> list[tuple[int, int]]:
 
 
 def _boto3_client(endpoint: str, pool: int):
-    import boto3
-    from botocore.config import Config
-
-    cfg = Config(
-        max_pool_connections=pool,
-        s3={"addressing_style": "path"},
-        retries={"max_attempts": 3, "mode": "standard"},
-        region_name=_region(),
-        signature_version="s3v4",
-    )
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, config=cfg)
+    # Credentials from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+    return H.boto3_client(endpoint, pool, keys=False, region=_region(), s3={"addressing_style": "path"},
+                          retries={"max_attempts": 3, "mode": "standard"}, signature_version="s3v4")
 
 
 def boto3_small(a) -> None:
     client = _boto3_client(a.endpoint, a.threads)
-    timer = _Timer()
+    timer = H.Timer()
     timer.start()
     keys = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=a.bucket, Prefix=a.prefix):
@@ -129,7 +75,7 @@ def boto3_small(a) -> None:
 
 def boto3_large(a) -> None:
     client = _boto3_client(a.endpoint, a.threads)
-    timer = _Timer()
+    timer = H.Timer()
     timer.start()
     size = client.head_object(Bucket=a.bucket, Key=a.key)["ContentLength"]
 
@@ -165,7 +111,7 @@ def _drain(reader, buf: memoryview) -> int:
         n += k
 
 
-def _s3torch_dataset(a, uri: str, is_prefix: bool, timer: _Timer, buf_size: int):
+def _s3torch_dataset(a, uri: str, is_prefix: bool, timer: H.Timer, buf_size: int):
     """(number of items, read(i) -> bytes read, api name).
 
     Imports and client construction happen before timer.start(); the listing after.
@@ -213,7 +159,7 @@ def _s3torch_dataset(a, uri: str, is_prefix: bool, timer: _Timer, buf_size: int)
 
 
 def s3torch_small(a) -> None:
-    timer = _Timer()
+    timer = H.Timer()
     n, read, api = _s3torch_dataset(a, f"s3://{a.bucket}/{a.prefix}", True, timer, MIB)
     with ThreadPoolExecutor(a.threads) as pool:
         total = sum(pool.map(read, range(n)))
@@ -221,7 +167,7 @@ def s3torch_small(a) -> None:
 
 
 def s3torch_large(a) -> None:
-    timer = _Timer()
+    timer = H.Timer()
     # One sequential GET of the whole object (the connector's default reader); the
     # CRT splits it into concurrent 8 MiB parts.
     _n, read, api = _s3torch_dataset(a, f"s3://{a.bucket}/{a.key}", False, timer, a.buffer)
@@ -233,7 +179,7 @@ def s3torch_large(a) -> None:
 
 
 def fs_small(a) -> None:
-    timer = _Timer()
+    timer = H.Timer()
     timer.start()
     paths = sorted(e.path for e in os.scandir(a.dir) if e.is_file())
 
@@ -252,7 +198,7 @@ def fs_small(a) -> None:
 
 
 def fs_large(a) -> None:
-    timer = _Timer()
+    timer = H.Timer()
     timer.start()
     buf = bytearray(a.buffer)
     view = memoryview(buf)
