@@ -34,6 +34,7 @@ mod column_ops;
 mod exec;
 mod image_ops;
 mod ops;
+mod optimize;
 mod pack;
 mod plan;
 pub mod shared;
@@ -42,17 +43,20 @@ mod diskcache;
 mod source;
 pub mod spec;
 mod split;
+mod state;
 mod stats;
 
 pub use audio_ops::Rate;
 pub use column_ops::FillValue;
-pub use exec::{explain, Item, ItemPos, PipelineState, Run, StageState};
+pub use exec::{Item, Run};
 pub use image_ops::Size;
 pub use ops::{Builtin, FnOp, OpContext, SampleOp};
+pub use optimize::explain;
 pub use pack::{Pack, PackRemainder};
 pub use plan::{
     ErrorPolicy, FormatChoice, Op, Pipeline, RankPolicy, RankSplit, RunOptions, Source, SplitMode,
 };
 pub use source::{Pos, SourceCursor};
 pub use spec::PipelineSpec;
+pub use state::{ItemPos, PipelineState, StageState};
 pub use stats::{BatchSlotStats, MemoryStats, SampleCacheStats, Skipped, StageStats, Stats};

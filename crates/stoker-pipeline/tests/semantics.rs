@@ -404,6 +404,35 @@ fn the_optimizer_fuses_maps_and_moves_them_past_a_shuffle() {
 }
 
 #[test]
+fn a_map_after_a_filter_after_a_shuffle_runs_after_the_filter() {
+    // The filter keeps even `x`; the map after it makes `x` odd. Were the map moved ahead
+    // of the shuffle (it keeps every sample), the filter would see odd numbers only.
+    let even = FnOp::new(OpMeta::new("even").filter(), |s, _| {
+        let keep = matches!(s.get("x"), Some(Value::Int(x)) if x % 2 == 0);
+        Ok(keep.then_some(s))
+    });
+    let plus_one = FnOp::new(OpMeta::new("plus_one"), |mut s, _| {
+        let Some(Value::Int(x)) = s.get("x").cloned() else {
+            unreachable!("x is an int")
+        };
+        s.insert("x", x + 1);
+        Ok(Some(s))
+    });
+    let p = memory(20).shuffle(4).map(even).map(plus_one);
+    let mut got: Vec<i64> = p
+        .run()
+        .unwrap()
+        .map(|i| match i.unwrap().into_sample().unwrap().get("x") {
+            Some(Value::Int(x)) => *x,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, (0..10).map(|i| 2 * i + 1).collect::<Vec<_>>());
+    assert!(!p.explain().contains("moved plus_one"), "{}", p.explain());
+}
+
+#[test]
 fn a_disk_cache_changes_speed_not_results_and_serves_later_runs() {
     for (name, p) in [("shards", shards().interleave(2)), ("files", files())] {
         let dir = tempfile::tempdir().unwrap();
