@@ -84,15 +84,13 @@ mod tail;
 mod tuner;
 mod worker;
 
-pub(crate) use runtime::io_runtime;
-
 use crate::optimize::{explain, optimize, producer_name, read_path, ReadPath, TailOp};
 use crate::plan::{FormatChoice, Pipeline};
 use crate::source::{Dataset, Produced, SourceConfig, SourceCursor};
-use crate::state::{resumable, PipelineState};
+use crate::state::PipelineState;
 use crate::stats::{Stats, StatsHub};
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError};
-use marks::{Mark, ShuffleMirror};
+use marks::{resumable, Mark, ShuffleMirror};
 use par::{ParDone, ParOps, ParWork};
 use parking_lot::{Condvar, Mutex};
 use runtime::{budget_wait, Charging, Resources, RunRuntime};
@@ -300,7 +298,7 @@ impl Run {
                 crate::plan::Source::Url { options, .. } => (**options).clone(),
                 _ => stoker_store::StoreOptions::default(),
             };
-            Some(crate::split::record_counts(
+            Some(crate::source::record_counts(
                 &ds,
                 p.shard_index.as_deref(),
                 &options,
@@ -354,9 +352,10 @@ impl Run {
             .stats
             .threads
             .store(threads as u64, Ordering::Relaxed);
-        let start_state = state
-            .clone()
-            .unwrap_or_else(|| PipelineState::initial(p.seed, p.first_epoch, &ph.tail, contiguous));
+        let start_state = state.clone().unwrap_or_else(|| {
+            let stages = ph.tail.iter().map(marks::initial_stage).collect();
+            PipelineState::initial(p.seed, p.first_epoch, stages, contiguous)
+        });
 
         // Hand-offs carry chunks of up to CHUNK samples: one wake-up per chunk, not per
         // sample (measured: per-sample hand-offs cost 6-10 us a sample, docs/benchmarks-history.md).

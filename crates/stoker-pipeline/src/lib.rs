@@ -32,6 +32,7 @@
 mod audio_ops;
 mod column_ops;
 mod exec;
+mod format;
 mod image_ops;
 mod ops;
 mod optimize;

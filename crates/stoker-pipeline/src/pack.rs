@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use stoker_core::{DType, Error, Sample, Tensor, Value};
 use stoker_ops::text::{ids_of, Block, Packer, PackerParams, PackerState, Remainder};
 
-use crate::source::Pos;
+use crate::state::Pos;
 use crate::state::StageState;
 
 /// The shard number in a block's position: blocks are no shard's records; the position's

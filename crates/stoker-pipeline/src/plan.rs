@@ -3,11 +3,12 @@
 use std::sync::Arc;
 
 use stoker_core::{CollatePolicy, Error, Sample};
-use stoker_formats::Format;
 use stoker_store::{Store, StoreOptions};
 
 use crate::ops::SampleOp;
 use crate::pack::Pack;
+
+pub use crate::format::FormatChoice;
 
 /// Where the samples come from.
 #[derive(Clone)]
@@ -51,21 +52,6 @@ impl std::fmt::Debug for Source {
             Source::Memory(s) => write!(f, "Memory({} samples)", s.len()),
         }
     }
-}
-
-/// The record format, resolved once the listing is known (ImageFolder needs the classes).
-#[derive(Debug, Clone)]
-pub enum FormatChoice {
-    /// Every object is one sample.
-    Files,
-    /// Every object is one sample labelled by its class directory.
-    ImageFolder,
-    /// A fixed format.
-    Fixed(Arc<dyn Format>),
-    /// Chosen from the listed objects' extensions when a run lists the source (`.tar`,
-    /// `.tfrecord`, `.parquet`, `.jsonl`, `.csv`; objects with none of them: files), with
-    /// these format options (see [`crate::spec::detect_format`]).
-    Auto(Arc<crate::spec::FormatOptions>),
 }
 
 /// What happens to a bad record or a failing operator.

@@ -9,11 +9,36 @@
 //! `restore`). The format is versioned ([`STATE_VERSION`]); a state from another pipeline, or
 //! an older format, is refused with a reason ([`foreign_state`]).
 
-use crate::optimize::TailOp;
-use crate::source::{Element, Pos, SourceCursor};
 use std::collections::HashMap;
 use std::sync::Arc;
 use stoker_core::Error;
+
+/// Where a sample came from: the shard's index in the dataset's (sorted) shard list and
+/// the record's index in the shard.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct Pos {
+    /// Shard index.
+    pub shard: u32,
+    /// Record index within the shard.
+    pub record: u64,
+}
+
+/// Where the source is in an epoch (serialisable, small).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SourceCursor {
+    /// Next index into the epoch's order (objects, or shards not yet opened).
+    pub next: u64,
+    /// Open shards: (index into the epoch's order, records consumed).
+    pub slots: Vec<(u64, u64)>,
+    /// Whose turn it is among the slots.
+    pub rr: u32,
+    /// Samples taken from the slots so far (the rank split's round counter).
+    pub stream_index: u64,
+    /// Emissions so far (the next sequence number).
+    pub emitted: u64,
+}
 
 /// An item a tail stage holds, as positions: enough to make it again on resume.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -79,48 +104,6 @@ pub enum StageState {
     },
 }
 
-impl StageState {
-    /// What tail stage `t` holds at the start of a run.
-    fn initial(t: &TailOp) -> StageState {
-        match t {
-            TailOp::Shuffle(_) => StageState::Shuffle {
-                emitted: 0,
-                buffer: vec![],
-            },
-            TailOp::Batch(..) => StageState::Batch { partial: vec![] },
-            TailOp::Unbatch => StageState::Unbatch { cut: None, sent: 0 },
-            TailOp::Take(_) | TailOp::Skip(_) => StageState::Count { seen: 0 },
-            TailOp::Pack(_) => StageState::Pack {
-                blocks: 0,
-                docs: vec![],
-                skip: 0,
-                next_doc: 0,
-            },
-            TailOp::Map(..) => StageState::Stateless,
-        }
-    }
-}
-
-/// Whether `Run::state` works for a run of a plan with these tail stages (`Err`: why not).
-pub(crate) fn resumable(tail: &[TailOp], deterministic: bool) -> Result<(), String> {
-    let packs = tail.iter().filter(|t| matches!(t, TailOp::Pack(_))).count();
-    if !deterministic {
-        Err("state() needs a deterministic run".to_string())
-    } else if packs > 0 && tail.iter().any(|t| matches!(t, TailOp::Unbatch)) {
-        Err("state() does not support unbatch together with pack yet".to_string())
-    } else if packs > 1 {
-        Err("state() supports at most one pack stage".to_string())
-    } else if tail
-        .iter()
-        .skip_while(|t| !matches!(t, TailOp::Pack(_)))
-        .any(|t| matches!(t, TailOp::Shuffle(_)))
-    {
-        Err("state() does not support a shuffle after pack yet".to_string())
-    } else {
-        Ok(())
-    }
-}
-
 /// Where a run is: enough to continue it exactly, in a restored run of the same pipeline.
 /// Small (positions, not data) and serialisable (serde; JSON via `to_json`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -161,12 +144,12 @@ impl PipelineState {
         serde_json::from_str(s).map_err(|e| Error::invalid(format!("not a pipeline state: {e}")))
     }
 
-    /// The state at the start of a run from the beginning (epoch `first_epoch`) of a plan
-    /// with these tail stages.
+    /// The state at the start of a run from the beginning (epoch `first_epoch`), with these
+    /// tail stages' initial states.
     pub(crate) fn initial(
         seed: u64,
         first_epoch: u64,
-        tail: &[TailOp],
+        stages: Vec<StageState>,
         contiguous: bool,
     ) -> PipelineState {
         PipelineState {
@@ -174,7 +157,7 @@ impl PipelineState {
             seed,
             epoch: first_epoch,
             cursor: SourceCursor::default(),
-            stages: tail.iter().map(StageState::initial).collect(),
+            stages,
             yielded_in_epoch: 0,
             yielded: 0,
             samples_yielded: 0,
@@ -238,10 +221,11 @@ pub(crate) enum Key {
 pub(crate) type CutFrom = Option<(Arc<[Key]>, u32)>;
 
 impl Key {
-    pub(crate) fn of_elem(el: &Element, cut: &CutFrom) -> Key {
+    /// The key of the sample at `pos`, cut from a batch when `cut` says so.
+    pub(crate) fn of_sample(pos: Pos, cut: &CutFrom) -> Key {
         match cut {
             Some((m, k)) => Key::Cut(m.clone(), *k),
-            None => Key::Pos(el.pos),
+            None => Key::Pos(pos),
         }
     }
 

@@ -9,6 +9,7 @@
 
 use super::tail::Stage;
 use super::Run;
+use crate::optimize::TailOp;
 use crate::state::{CutTable, PipelineState, STATE_VERSION};
 use crate::state::{Key, StageState};
 use std::collections::VecDeque;
@@ -147,9 +148,12 @@ pub(super) fn stage_mark(s: &Stage) -> StageMark {
     match s {
         Stage::Par(_) | Stage::Fused | Stage::Pack(_) => StageMark::Fixed(StageState::Stateless),
         Stage::Shuffle { .. } => StageMark::Shuffle,
-        Stage::Batch { partial, .. } => {
-            StageMark::Batch(partial.iter().map(|(e, c)| Key::of_elem(e, c)).collect())
-        }
+        Stage::Batch { partial, .. } => StageMark::Batch(
+            partial
+                .iter()
+                .map(|(e, c)| Key::of_sample(e.pos, c))
+                .collect(),
+        ),
         Stage::Unbatch { cutting, sent } => StageMark::Unbatch(cutting.clone(), *sent),
         Stage::Take(_, seen) | Stage::Skip(_, seen) => {
             StageMark::Fixed(StageState::Count { seen: *seen })
@@ -227,5 +231,45 @@ impl Run {
             cuts: table.cuts,
             contiguous: self.start.contiguous,
         })
+    }
+}
+
+/// What tail stage `t` holds at the start of a run.
+pub(super) fn initial_stage(t: &TailOp) -> StageState {
+    match t {
+        TailOp::Shuffle(_) => StageState::Shuffle {
+            emitted: 0,
+            buffer: vec![],
+        },
+        TailOp::Batch(..) => StageState::Batch { partial: vec![] },
+        TailOp::Unbatch => StageState::Unbatch { cut: None, sent: 0 },
+        TailOp::Take(_) | TailOp::Skip(_) => StageState::Count { seen: 0 },
+        TailOp::Pack(_) => StageState::Pack {
+            blocks: 0,
+            docs: vec![],
+            skip: 0,
+            next_doc: 0,
+        },
+        TailOp::Map(..) => StageState::Stateless,
+    }
+}
+
+/// Whether `Run::state` works for a run of a plan with these tail stages (`Err`: why not).
+pub(super) fn resumable(tail: &[TailOp], deterministic: bool) -> Result<(), String> {
+    let packs = tail.iter().filter(|t| matches!(t, TailOp::Pack(_))).count();
+    if !deterministic {
+        Err("state() needs a deterministic run".to_string())
+    } else if packs > 0 && tail.iter().any(|t| matches!(t, TailOp::Unbatch)) {
+        Err("state() does not support unbatch together with pack yet".to_string())
+    } else if packs > 1 {
+        Err("state() supports at most one pack stage".to_string())
+    } else if tail
+        .iter()
+        .skip_while(|t| !matches!(t, TailOp::Pack(_)))
+        .any(|t| matches!(t, TailOp::Shuffle(_)))
+    {
+        Err("state() does not support a shuffle after pack yet".to_string())
+    } else {
+        Ok(())
     }
 }

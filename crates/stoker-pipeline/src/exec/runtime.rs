@@ -6,6 +6,7 @@ use std::time::Duration;
 use stoker_core::{Error, MemoryBudget};
 
 use crate::plan::{Pipeline, Source};
+use crate::source::io_runtime;
 
 /// A run's I/O runtime: its own (shut down when the run ends), or the process's shared one
 /// (with a shared store).
@@ -21,16 +22,6 @@ impl RunRuntime {
             RunRuntime::Shared(rt) => rt.handle(),
         }
     }
-}
-
-/// The I/O runtime a run (or a count of a dataset's records) reads its store on.
-pub(crate) fn io_runtime() -> Result<tokio::runtime::Runtime, Error> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("stoker-io")
-        .enable_all()
-        .build()
-        .map_err(|e| Error::invalid(format!("cannot start the I/O runtime: {e}")))
 }
 
 /// How long the source, or an operator charging a sample's buffers, waits for budget

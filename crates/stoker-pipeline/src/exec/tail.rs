@@ -43,7 +43,7 @@ pub(super) enum Flow {
 impl Flow {
     pub(super) fn key(&self) -> Key {
         match self {
-            Flow::Elem(el, cut) => Key::of_elem(el, cut),
+            Flow::Elem(el, cut) => Key::of_sample(el.pos, cut),
             Flow::Batch(_, m, _) => Key::Batch(m.clone()),
         }
     }
@@ -677,7 +677,10 @@ pub(super) fn collate_elems(
     stacker: Option<Stacker>,
     collate: &CollatePolicy,
 ) -> Result<Flow, Error> {
-    let keys = members.iter().map(|(e, c)| Key::of_elem(e, c)).collect();
+    let keys = members
+        .iter()
+        .map(|(e, c)| Key::of_sample(e.pos, c))
+        .collect();
     let mut hold: Option<Reservation> = None;
     let mut samples = Vec::with_capacity(members.len());
     for (e, _) in members {
