@@ -17,6 +17,12 @@ pub enum ErrorKind {
     Operator,
     /// Reading from storage failed (after the store's retries).
     Storage,
+    /// An object, bucket or prefix that is not there (a 404, an empty listing, a missing
+    /// local file). Skippable, as any storage failure.
+    NotFound,
+    /// Storage refused the credentials or the request (a 401 or 403, a local file the
+    /// process may not read). Skippable, as any storage failure.
+    PermissionDenied,
     /// The pipeline or an argument is wrong (unknown field, bad spec). Never skipped.
     Invalid,
 }
@@ -26,7 +32,19 @@ impl ErrorKind {
     pub fn skippable(self) -> bool {
         matches!(
             self,
-            ErrorKind::Record | ErrorKind::Operator | ErrorKind::Storage
+            ErrorKind::Record
+                | ErrorKind::Operator
+                | ErrorKind::Storage
+                | ErrorKind::NotFound
+                | ErrorKind::PermissionDenied
+        )
+    }
+
+    /// Whether storage failed (of any kind: missing, refused, or another failure).
+    pub fn is_storage(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::Storage | ErrorKind::NotFound | ErrorKind::PermissionDenied
         )
     }
 
@@ -35,6 +53,8 @@ impl ErrorKind {
             ErrorKind::Record => "bad record",
             ErrorKind::Operator => "operator failed",
             ErrorKind::Storage => "storage error",
+            ErrorKind::NotFound => "not found",
+            ErrorKind::PermissionDenied => "permission denied",
             ErrorKind::Invalid => "invalid",
         }
     }
@@ -62,14 +82,37 @@ pub struct Error {
 
 /// An opaque cause of an [`Error`] (see [`Error::cause`]). Two causes are equal when they
 /// are the same value. (A thin pointer: errors travel in every `Result` of the engine.)
+/// A cause that is itself an error ([`Error::with_source`]) is also the error's
+/// [`std::error::Error::source`].
 #[derive(Clone)]
-#[allow(clippy::redundant_allocation)]
-pub struct Cause(std::sync::Arc<Box<dyn std::any::Any + Send + Sync>>);
+pub struct Cause(std::sync::Arc<CauseValue>);
+
+/// The value of a [`Cause`], and how to see it as an error when it is one.
+struct CauseValue {
+    value: Box<dyn std::any::Any + Send + Sync>,
+    as_error: Option<AsError>,
+}
+
+/// Gives a cause's value as the error it is (set by [`Error::with_source`], which knows the
+/// type).
+type AsError = fn(&(dyn std::any::Any + Send + Sync)) -> Option<&(dyn std::error::Error + 'static)>;
+
+fn as_error<E: std::error::Error + 'static>(
+    v: &(dyn std::any::Any + Send + Sync),
+) -> Option<&(dyn std::error::Error + 'static)> {
+    v.downcast_ref::<E>()
+        .map(|e| e as &(dyn std::error::Error + 'static))
+}
 
 impl Cause {
     /// The cause as a `T`, if it is one.
     pub fn downcast_ref<T: 'static>(&self) -> Option<&T> {
-        self.0.downcast_ref::<T>()
+        self.0.value.downcast_ref::<T>()
+    }
+
+    /// The cause as an error, when it is one.
+    pub fn as_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.as_error.and_then(|f| f(&*self.0.value))
     }
 }
 
@@ -101,7 +144,20 @@ impl Error {
 
     /// Keeps `cause` with the error (see [`Error::cause`]).
     pub fn with_cause(mut self, cause: impl std::any::Any + Send + Sync) -> Error {
-        self.cause = Some(Cause(std::sync::Arc::new(Box::new(cause))));
+        self.cause = Some(Cause(std::sync::Arc::new(CauseValue {
+            value: Box::new(cause),
+            as_error: None,
+        })));
+        self
+    }
+
+    /// Keeps the error that raised this one as its cause and its
+    /// [`std::error::Error::source`].
+    pub fn with_source<E: std::error::Error + Send + Sync + 'static>(mut self, e: E) -> Error {
+        self.cause = Some(Cause(std::sync::Arc::new(CauseValue {
+            value: Box::new(e),
+            as_error: Some(as_error::<E>),
+        })));
         self
     }
 
@@ -118,6 +174,16 @@ impl Error {
     /// A storage failure.
     pub fn storage(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Storage, message)
+    }
+
+    /// An object, bucket or prefix that is not there.
+    pub fn not_found(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::NotFound, message)
+    }
+
+    /// A refusal by storage.
+    pub fn permission_denied(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::PermissionDenied, message)
     }
 
     /// A mistake in the pipeline or its arguments.
@@ -169,18 +235,25 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause.as_ref()?.as_error()
+    }
+}
 
 impl From<std::io::Error> for Error {
+    /// The kind follows the I/O error's: a file or object cut short is a bad record, a
+    /// missing or refused one is [`ErrorKind::NotFound`] or [`ErrorKind::PermissionDenied`]
+    /// (the store gives its errors these I/O kinds when a reader passes them on), anything
+    /// else a storage failure. The `io::Error` stays as the cause and the source.
     fn from(e: std::io::Error) -> Error {
-        let kind = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            ErrorKind::Record
-        } else {
-            ErrorKind::Storage
+        let kind = match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => ErrorKind::Record,
+            std::io::ErrorKind::NotFound => ErrorKind::NotFound,
+            std::io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+            _ => ErrorKind::Storage,
         };
-        // The `io::Error` stays as the cause: its kind, and the error it may wrap (a store's,
-        // from a reader over an object), tell a caller what failed.
-        Error::new(kind, e.to_string()).with_cause(e)
+        Error::new(kind, e.to_string()).with_source(e)
     }
 }
 
@@ -201,5 +274,43 @@ mod tests {
         );
         // The innermost context wins.
         assert_eq!(e.with_stage("outer").stage.as_deref(), Some("tfrecord"));
+    }
+
+    #[test]
+    fn io_errors_keep_their_kind_and_are_the_source() {
+        use std::error::Error as _;
+        let kinds = [
+            (std::io::ErrorKind::NotFound, ErrorKind::NotFound),
+            (
+                std::io::ErrorKind::PermissionDenied,
+                ErrorKind::PermissionDenied,
+            ),
+            (std::io::ErrorKind::UnexpectedEof, ErrorKind::Record),
+            (std::io::ErrorKind::ConnectionReset, ErrorKind::Storage),
+        ];
+        for (io, kind) in kinds {
+            let e = Error::from(std::io::Error::new(io, "it failed"));
+            assert_eq!(e.kind, kind);
+            assert!(kind.skippable());
+            let source = e.source().expect("the io::Error is the source");
+            let io_err = source
+                .downcast_ref::<std::io::Error>()
+                .expect("an io::Error");
+            assert_eq!(io_err.kind(), io);
+            assert!(e
+                .cause
+                .as_ref()
+                .unwrap()
+                .downcast_ref::<std::io::Error>()
+                .is_some());
+        }
+        assert!(ErrorKind::NotFound.is_storage() && ErrorKind::PermissionDenied.is_storage());
+        assert!(!ErrorKind::Invalid.is_storage() && !ErrorKind::Invalid.skippable());
+        // A cause that is not an error (a Python exception, in the package) is no source.
+        assert!(Error::invalid("x").with_cause(7u8).source().is_none());
+        assert_eq!(
+            Error::not_found("no objects under s3://b/p/").to_string(),
+            "not found: no objects under s3://b/p/"
+        );
     }
 }

@@ -406,7 +406,7 @@ impl Dataset {
                             (listed, dir)
                         };
                     if listed.is_empty() {
-                        return Err(Error::invalid(format!(
+                        return Err(Error::not_found(format!(
                             "no objects under {url}{}",
                             glob.as_ref()
                                 .map(|g| format!(" matching {g:?}"))
@@ -560,7 +560,7 @@ impl StoreStream {
             match store.read_stream(&key, None).await {
                 Ok(mut s) => {
                     while let Some(part) = s.next().await {
-                        let part = part.map_err(std::io::Error::other);
+                        let part = part.map_err(std::io::Error::from);
                         let failed = part.is_err();
                         if tx.send(part).await.is_err() || failed {
                             return;
@@ -568,7 +568,7 @@ impl StoreStream {
                     }
                 }
                 Err(e) => {
-                    let _ = tx.send(Err(std::io::Error::other(e))).await;
+                    let _ = tx.send(Err(std::io::Error::from(e))).await;
                 }
             }
         });
@@ -597,7 +597,7 @@ impl RandomAccess for StoreRange {
     fn read_range(&self, start: u64, end: u64) -> std::io::Result<Bytes> {
         self.rt
             .block_on(self.store.get_range(&self.key, start..end))
-            .map_err(std::io::Error::other)
+            .map_err(std::io::Error::from)
     }
 }
 

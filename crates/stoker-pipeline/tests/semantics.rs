@@ -561,7 +561,7 @@ fn a_list_of_keys_is_read_in_its_order_and_its_objects_versions_are_known() {
         "a.txt's two lines first"
     );
     let e = items.last().unwrap().as_ref().expect_err("nope.txt fails");
-    assert_eq!(e.kind, stoker_core::ErrorKind::Storage);
+    assert_eq!(e.kind, stoker_core::ErrorKind::NotFound);
     assert_eq!(e.object.as_deref(), Some("s3://keys/t/nope.txt"), "{e}");
     let Err(e) = missing.cache_on_disk(dir.path()).run() else {
         panic!("a run over a missing key with a disk cache started");

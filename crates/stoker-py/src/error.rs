@@ -13,14 +13,14 @@
 //! format or operator; the same context is set as attributes (`kind`, `object`, `offset`,
 //! `record`, `stage`; `None` when unknown).
 //!
-//! `stoker_core::Error` has no "not found" or "permission" kind: a storage failure keeps
-//! what raised it as its cause, the store's error (`stoker_store::Error`) or the
-//! `io::Error` a reader gave (which may wrap the store's), and the class comes from that
-//! error's variant or I/O kind ([`cause_class`]). The store classifies a missing or refused
-//! object, bucket or listing by its HTTP status (404, 401/403), and a local file it may not
-//! open as refused. An error without such a cause is classified by the store's wording
-//! ([`storage_class`]); the S3 error codes of a refusal are recognised there too, for an
-//! error that reaches Python with only the server's answer in its message.
+//! The class comes from the error's kind, never from its wording: `stoker_core::Error` has a
+//! `NotFound` and a `PermissionDenied` kind, which the store's errors get from their variant
+//! when they become pipeline errors (directly, or through the `io::Error` a reader passes on),
+//! and the store classifies a missing or refused object, bucket or listing by its HTTP status
+//! (404, 401/403) or the S3 error code of a refusal, and a local file it may not open as
+//! refused. Errors from `stoker.io` are the store's own, classified by variant
+//! ([`store_class`]). The `kind` attribute stays coarse: `record`, `operator`, `storage` (a
+//! missing or refused object too) or `invalid`.
 
 use pyo3::exceptions::{
     PyFileNotFoundError, PyOSError, PyPermissionError, PyRuntimeError, PyValueError,
@@ -49,24 +49,6 @@ enum Class {
     Value,
 }
 
-/// The class of a storage failure, from the store's message.
-fn storage_class(message: &str) -> Class {
-    if message.starts_with("object not found: ") || message.starts_with("no objects under ") {
-        Class::NotFound
-    } else if message.starts_with("access denied to ")
-        || message.contains("403 Forbidden")
-        || message.contains("<Code>AccessDenied</Code>")
-        || message.contains("<Code>SignatureDoesNotMatch</Code>")
-        || message.contains("<Code>InvalidAccessKeyId</Code>")
-    {
-        Class::Permission
-    } else if message.starts_with("invalid store URL ") || message.starts_with("invalid option ") {
-        Class::Value
-    } else {
-        Class::Os
-    }
-}
-
 fn raise(
     py: Python<'_>,
     class: Class,
@@ -92,71 +74,31 @@ fn raise(
     err
 }
 
-/// The class of a store error, by its variant.
+/// The class of a store error (from `stoker.io`), by its kind; a range outside the object is
+/// the caller's mistake there.
 fn store_class(e: &stoker_store::Error) -> Class {
-    use stoker_store::Error as E;
-    let class = match e {
-        E::NotFound { .. } => Class::NotFound,
-        E::PermissionDenied { .. } => Class::Permission,
-        E::InvalidUrl { .. } | E::InvalidOption { .. } | E::RangeOutOfBounds { .. } => Class::Value,
-        // The store's own local files (the disk block cache): refused or failed, never
-        // "not found" (that is for the objects).
-        E::Io { source, .. } => match io_class(source) {
-            Class::Permission => Class::Permission,
-            _ => Class::Os,
-        },
-        _ => Class::Os,
-    };
-    // A refusal the store only passed on in the server's words.
-    match (class, storage_class(&e.to_string())) {
-        (Class::Os, Class::Permission) => Class::Permission,
-        (c, _) => c,
+    match e {
+        stoker_store::Error::RangeOutOfBounds { .. } => Class::Value,
+        e => kind_class(e.kind()).0,
     }
 }
 
-/// The class of an I/O error, by its kind (as Python's `OSError` subclasses go by errno).
-fn io_class(e: &std::io::Error) -> Class {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => Class::NotFound,
-        std::io::ErrorKind::PermissionDenied => Class::Permission,
-        _ => Class::Os,
-    }
-}
-
-/// The class of a storage failure from the error the engine kept as its cause: the store's,
-/// or an `io::Error` (the store's inside it, when a reader wrapped one). `None` without one.
-fn cause_class(e: &stoker_core::Error) -> Option<Class> {
-    let cause = e.cause.as_ref()?;
-    let io = cause.downcast_ref::<std::io::Error>();
-    let store = cause.downcast_ref::<stoker_store::Error>().or_else(|| {
-        io.and_then(|io| io.get_ref())
-            .and_then(|i| i.downcast_ref::<stoker_store::Error>())
-    });
-    match (store, io) {
-        // A read past an object's end that a format asked for: the object is not what its
-        // framing says (an `OSError`, as any failed read), not a caller's mistake.
-        (Some(stoker_store::Error::RangeOutOfBounds { .. }), _) => Some(Class::Os),
-        (Some(s), _) => Some(store_class(s)),
-        (None, Some(io)) => Some(io_class(io)),
-        (None, None) => None,
+/// The class of a pipeline error's kind, and the `kind` attribute.
+fn kind_class(kind: ErrorKind) -> (Class, &'static str) {
+    match kind {
+        ErrorKind::Record => (Class::Data, "record"),
+        ErrorKind::Operator => (Class::Data, "operator"),
+        ErrorKind::NotFound => (Class::NotFound, "storage"),
+        ErrorKind::PermissionDenied => (Class::Permission, "storage"),
+        ErrorKind::Storage => (Class::Os, "storage"),
+        ErrorKind::Invalid => (Class::Value, "invalid"),
+        _ => (Class::Os, "other"),
     }
 }
 
 /// A pipeline error as a Python exception.
 pub(crate) fn pipeline_error(py: Python<'_>, e: stoker_core::Error) -> PyErr {
-    let (class, kind) = match e.kind {
-        ErrorKind::Record => (Class::Data, "record"),
-        ErrorKind::Operator => (Class::Data, "operator"),
-        ErrorKind::Storage => (
-            cause_class(&e).unwrap_or_else(|| storage_class(&e.message)),
-            "storage",
-        ),
-        ErrorKind::Invalid => match storage_class(&e.message) {
-            Class::NotFound => (Class::NotFound, "invalid"),
-            _ => (Class::Value, "invalid"),
-        },
-        _ => (Class::Os, "other"),
-    };
+    let (class, kind) = kind_class(e.kind);
     let ctx = (e.object.as_deref(), e.offset, e.record, e.stage.as_deref());
     let err = raise(py, class, e.to_string(), kind, ctx);
     // A Python function's own exception becomes the cause: `except KeyError` sees it

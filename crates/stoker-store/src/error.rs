@@ -179,6 +179,10 @@ impl Error {
                 Some(404) => Error::NotFound {
                     url: url.to_string(),
                 },
+                _ if s3_refusal(&other) => Error::PermissionDenied {
+                    url: url.to_string(),
+                    source: Arc::new(other),
+                },
                 Some(401 | 403) => Error::PermissionDenied {
                     url: url.to_string(),
                     source: Arc::new(other),
@@ -191,6 +195,25 @@ impl Error {
             },
         }
     }
+}
+
+/// Whether `e`'s chain of sources carries an S3 error code that refuses the credentials
+/// (a server that answers such a request with a status object_store does not report as one).
+fn s3_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
+    const CODES: [&str; 3] = [
+        "<Code>AccessDenied</Code>",
+        "<Code>SignatureDoesNotMatch</Code>",
+        "<Code>InvalidAccessKeyId</Code>",
+    ];
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let msg = err.to_string();
+        if CODES.iter().any(|c| msg.contains(c)) {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// The HTTP status a failed request got, found in `e`'s chain of sources. object_store's
@@ -222,12 +245,45 @@ fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> 
     None
 }
 
-/// A store error as a pipeline's storage error: the store's message, with the store's error
-/// kept as its cause ([`stoker_core::Error::cause`]), so that a caller (the Python package)
-/// tells a missing object from a refused one by the variant, not by the wording.
+impl Error {
+    /// The pipeline's kind of this failure: a missing object, bucket or prefix
+    /// ([`stoker_core::ErrorKind::NotFound`]), a refusal (`PermissionDenied`), a bad URL or
+    /// option (`Invalid`), or another storage failure (`Storage`).
+    pub fn kind(&self) -> stoker_core::ErrorKind {
+        use stoker_core::ErrorKind as K;
+        match self {
+            Error::NotFound { .. } => K::NotFound,
+            Error::PermissionDenied { .. } => K::PermissionDenied,
+            Error::InvalidUrl { .. } | Error::InvalidOption { .. } => K::Invalid,
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                K::PermissionDenied
+            }
+            _ => K::Storage,
+        }
+    }
+}
+
+/// A store error as a pipeline error: the store's message, of the kind its variant is
+/// ([`Error::kind`]), with the store's error kept as its cause and source, so that a caller
+/// (the Python package) tells a missing object from a refused one by the kind, never by the
+/// wording.
 impl From<Error> for stoker_core::Error {
     fn from(e: Error) -> stoker_core::Error {
-        stoker_core::Error::storage(e.to_string()).with_cause(e)
+        stoker_core::Error::new(e.kind(), e.to_string()).with_source(e)
+    }
+}
+
+/// A store error passed on by a reader (`io::Read`-like sources of the formats): an
+/// `io::Error` of the matching kind (`NotFound`, `PermissionDenied`, else `Other`) that
+/// wraps it, so that the pipeline error made of it has the same kind.
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> std::io::Error {
+        let kind = match e.kind() {
+            stoker_core::ErrorKind::NotFound => std::io::ErrorKind::NotFound,
+            stoker_core::ErrorKind::PermissionDenied => std::io::ErrorKind::PermissionDenied,
+            _ => std::io::ErrorKind::Other,
+        };
+        std::io::Error::new(kind, e)
     }
 }
 
@@ -282,7 +338,7 @@ mod tests {
             url: "s3://b/k".into(),
         }
         .into();
-        assert_eq!(core.kind, stoker_core::ErrorKind::Storage);
+        assert_eq!(core.kind, stoker_core::ErrorKind::NotFound);
         assert_eq!(core.message, "object not found: s3://b/k");
         let kept = core.cause.as_ref().and_then(|c| c.downcast_ref::<Error>());
         assert!(kept.is_some_and(Error::is_not_found));
@@ -300,6 +356,33 @@ mod tests {
             .and_then(|e| e.get_ref())
             .and_then(|e| e.downcast_ref::<Error>());
         assert!(inner.is_some_and(Error::is_not_found));
+        // One a reader passes on through `From` keeps its kind all the way.
+        let io = std::io::Error::from(Error::NotFound {
+            url: "s3://b/k".into(),
+        });
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        assert_eq!(
+            stoker_core::Error::from(io).kind,
+            stoker_core::ErrorKind::NotFound
+        );
+        let bad = Error::InvalidOption {
+            key: "part_size".into(),
+            value: "x".into(),
+            reason: "not a size".into(),
+        };
+        assert_eq!(
+            stoker_core::Error::from(bad).kind,
+            stoker_core::ErrorKind::Invalid
+        );
+        // And the store's error is the pipeline error's source.
+        let core: stoker_core::Error = Error::NotFound {
+            url: "s3://b/k".into(),
+        }
+        .into();
+        let source = std::error::Error::source(&core).expect("a source");
+        assert!(source
+            .downcast_ref::<Error>()
+            .is_some_and(Error::is_not_found));
     }
 
     #[test]

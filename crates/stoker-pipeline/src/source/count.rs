@@ -96,11 +96,11 @@ fn resolve(dir: &str, name: &str) -> String {
 }
 
 fn counts_from_index(ds: &Dataset, url: &str, options: &StoreOptions) -> Result<Vec<u64>, Error> {
+    // Of the store error's kind (a missing index is not found), with it as the source.
     let storage = |e: stoker_store::Error| {
-        let message = format!("cannot read the shard index: {e}");
-        Error::storage(message)
-            .with_object(url.to_string())
-            .with_cause(e)
+        let mut err = Error::from(e);
+        err.message = format!("cannot read the shard index: {}", err.message);
+        err.with_object(url.to_string())
     };
     let store = Store::open(url, options.clone().with_cache_memory(0)).map_err(storage)?;
     let json = ds
