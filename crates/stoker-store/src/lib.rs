@@ -67,6 +67,7 @@ mod options;
 mod ordered;
 mod pool;
 mod reader;
+pub mod shared;
 mod store;
 
 pub use error::{Error, Result};

@@ -57,7 +57,7 @@ impl fmt::Debug for StoreOptions {
 ///
 /// Its `Debug` form names which credentials are set, never their values (nor the values of
 /// `extra` options, which may be a backend's keys): options are printed in logs and panics.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct StoreOptions {
     /// Custom S3 endpoint (MinIO, Ceph, a test server). `AWS_ENDPOINT_URL` also works.

@@ -191,6 +191,12 @@ impl Store {
         &self.inner.opts
     }
 
+    /// Whether `other` is a handle to this very store (its cache, budget and connections),
+    /// not just one opened alike.
+    pub fn same_as(&self, other: &Store) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The shared memory budget.
     pub fn budget(&self) -> &MemoryBudget {
         &self.inner.budget

@@ -83,7 +83,9 @@ impl Resources {
                 let options = crate::source::url_store_options(options, memory_limit, single_pass);
                 let opened = crate::shared::shared_store(url, &options).map_err(Error::from)?;
                 (
-                    RunRuntime::Shared(crate::shared::shared_runtime()?),
+                    RunRuntime::Shared(crate::shared::shared_runtime().map_err(|e| {
+                        Error::invalid(format!("cannot start the I/O runtime: {e}"))
+                    })?),
                     Some(opened),
                 )
             }
