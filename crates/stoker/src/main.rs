@@ -3,9 +3,16 @@
 //! `stoker ls | cat | bench | run | demo | mount | unmount` today; `profile` joins as its engine
 //! lands. Raw arguments (clap structs in [`args`]) are kept apart from the resolved store
 //! configuration ([`args::StoreArgs::options`]), and every subcommand lives in its own module.
+//!
+//! `stoker demo` serves its generated data with the embedded S3 test server
+//! (`stoker-testserver`), which only the `demo` feature links. The feature is on by default,
+//! so that the README's `cargo run --release -p stoker -- demo` works from a clone; a CLI for
+//! a machine's PATH is built without it (`cargo install --path crates/stoker
+//! --no-default-features`) and has no server in it: its `stoker demo` says how to get one.
 
 mod args;
 mod bench;
+#[cfg(feature = "demo")]
 mod demo;
 mod inspect;
 mod mount;
@@ -101,7 +108,14 @@ fn main() -> std::process::ExitCode {
             args::Command::Ls(a) => inspect::ls(a).await,
             args::Command::Cat(a) => inspect::cat(a).await,
             args::Command::Bench(a) => bench::run(a).await,
+            #[cfg(feature = "demo")]
             args::Command::Demo(a) => demo::run(a).await,
+            #[cfg(not(feature = "demo"))]
+            args::Command::Demo(_) => Err(anyhow::anyhow!(
+                "this stoker was built without the demo (its embedded S3 server): run \
+                 `cargo run --release -p stoker -- demo` in a clone of the repository, or \
+                 build with `--features demo`"
+            )),
             args::Command::Run(a) => run::run(a).await,
             args::Command::Index(a) => run::index(a).await,
             args::Command::Mount(a) => mount::mount(a).await,
