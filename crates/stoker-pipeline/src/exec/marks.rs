@@ -7,7 +7,6 @@
 //! that goes through a parallel stage in the tail takes along the part of its mark the
 //! stages before that stage make ([`Upstream`]); the stages after it complete it.
 
-use super::tail::Stage;
 use super::Run;
 use crate::optimize::TailOp;
 use crate::state::{CutTable, PipelineState, STATE_VERSION};
@@ -141,24 +140,6 @@ pub(super) struct Upstream {
     pub(super) shuffle_ops: Vec<u64>,
     /// Stages `0..upto`.
     pub(super) stages: Vec<StageMark>,
-}
-
-/// A stage's part of a mark, except a pack stage's (see `TailRun::snapshot`).
-pub(super) fn stage_mark(s: &Stage) -> StageMark {
-    match s {
-        Stage::Par(_) | Stage::Fused | Stage::Pack(_) => StageMark::Fixed(StageState::Stateless),
-        Stage::Shuffle { .. } => StageMark::Shuffle,
-        Stage::Batch { partial, .. } => StageMark::Batch(
-            partial
-                .iter()
-                .map(|(e, c)| Key::of_sample(e.pos, c))
-                .collect(),
-        ),
-        Stage::Unbatch { cutting, sent } => StageMark::Unbatch(cutting.clone(), *sent),
-        Stage::Take(_, seen) | Stage::Skip(_, seen) => {
-            StageMark::Fixed(StageState::Count { seen: *seen })
-        }
-    }
 }
 
 impl Run {

@@ -6,7 +6,9 @@
 use super::chain::{batch_through, sample_through, How};
 use super::marks::ShufMove;
 use super::par::ParStage;
-use super::tail::{collate_elems, Flow, Stage, TailRun};
+use super::tail::{
+    collate_elems, BatchStage, CountStage, Flow, ShuffleStage, Stage, TailRun, UnbatchStage,
+};
 use super::worker::ProducerOp;
 use crate::optimize::TailOp;
 use crate::pack::PackStage;
@@ -96,11 +98,7 @@ impl TailRun<'_> {
                     mirror.record(i, ShufMove::EpochStart { emitted: prev });
                     mirror.bufs[i] = std::mem::take(&mut keys[i]);
                     mirror.emitted[i] = emitted;
-                    Stage::Shuffle {
-                        size: *n,
-                        buf,
-                        emitted,
-                    }
+                    Stage::Shuffle(ShuffleStage::restore(*n, buf, emitted))
                 }
                 TailOp::Batch(n, d, c) => {
                     let mut partial = Vec::with_capacity(keys[i].len());
@@ -115,42 +113,25 @@ impl TailRun<'_> {
                             Flow::Batch(..) => return Err(foreign_state("a batch of batches")),
                         }
                     }
-                    Stage::Batch {
-                        size: *n,
-                        drop_last: *d,
-                        collate: c.clone(),
-                        partial,
-                        stacker,
-                    }
+                    Stage::Batch(BatchStage::restore((*n, *d, c.clone()), partial, stacker))
                 }
                 TailOp::Pack(p) => Stage::Pack(Box::new(match st {
                     Some(st) => PackStage::restore(p.clone(), st)?,
                     None => PackStage::new(p.clone())?,
                 })),
-                TailOp::Unbatch => match st {
-                    Some(StageState::Unbatch { cut: c, sent }) => Stage::Unbatch {
-                        cutting: cut(c)?,
-                        sent: *sent,
-                    },
-                    _ => Stage::Unbatch {
-                        cutting: None,
-                        sent: 0,
-                    },
-                },
-                TailOp::Take(n) => Stage::Take(
-                    *n,
-                    match st {
+                TailOp::Unbatch => Stage::Unbatch(match st {
+                    Some(StageState::Unbatch { cut: c, sent }) => {
+                        UnbatchStage::restore(cut(c)?, *sent)
+                    }
+                    _ => UnbatchStage::restore(None, 0),
+                }),
+                TailOp::Take(n) | TailOp::Skip(n) => {
+                    let seen = match st {
                         Some(StageState::Count { seen }) => *seen,
                         _ => 0,
-                    },
-                ),
-                TailOp::Skip(n) => Stage::Skip(
-                    *n,
-                    match st {
-                        Some(StageState::Count { seen }) => *seen,
-                        _ => 0,
-                    },
-                ),
+                    };
+                    Stage::Count(CountStage::restore(*n, seen, matches!(t, TailOp::Take(_))))
+                }
             });
         }
         Ok((stages, got))
@@ -176,10 +157,10 @@ impl TailRun<'_> {
                     }
                 }
                 (
-                    Stage::Unbatch {
+                    Stage::Unbatch(UnbatchStage {
                         cutting: Some(m),
                         sent,
-                    },
+                    }),
                     _,
                 ) => {
                     let (m, sent) = (m.clone(), *sent);

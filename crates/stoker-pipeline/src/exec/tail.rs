@@ -4,9 +4,8 @@
 //! runs each epoch: restores the stages, starts the source thread, pumps until the source
 //! has ended and everything it emitted has been seen, then flushes the stages.
 
-use super::chain::locate;
 use super::feed::spawn_source;
-use super::marks::{stage_mark, Mark, ShufMove, StageMark, Upstream};
+use super::marks::{Mark, StageMark, Upstream};
 use super::par::{ParDone, ParOps, ParStage, ParWork};
 use super::tuner::Tuner;
 use super::worker::Done;
@@ -15,7 +14,6 @@ use crate::ops::SampleOp;
 use crate::optimize::{Physical, TailOp};
 use crate::pack::PackStage;
 use crate::plan::ErrorPolicy;
-use crate::rng::Rng;
 use crate::source::{Dataset, Element, Pos, Produced, SourceConfig};
 use crate::state::{CutFrom, Key, PipelineState, StageState};
 use crate::stats::StageCounters;
@@ -49,32 +47,94 @@ impl Flow {
     }
 }
 
+mod batch;
+mod count;
+mod pack;
+mod shuffle;
+mod unbatch;
+
+pub(super) use batch::BatchStage;
+pub(super) use count::CountStage;
+pub(super) use shuffle::ShuffleStage;
+pub(super) use unbatch::UnbatchStage;
+
+/// A batch `unbatch` cuts: its members' keys and its samples, which go on one at a time.
+pub(super) type Cut = (Arc<[Key]>, Vec<Sample>);
+
+/// What a sequential stage sees of the run when it takes or hands on an item.
+pub(super) struct StageCx<'a> {
+    /// Its index among the tail stages.
+    pub(super) index: usize,
+    pub(super) seed: u64,
+    pub(super) epoch: u64,
+    pub(super) shared: &'a Shared,
+    pub(super) budget: &'a MemoryBudget,
+    pub(super) ds: &'a Dataset,
+    /// Its statistics.
+    pub(super) counters: &'a StageCounters,
+}
+
+/// A sequential stage of the tail (one file each in `tail/`: shuffle, batch, unbatch,
+/// take/skip, pack). The tail thread pushes items into it in order and passes on what it
+/// gives back, counts items in and out and its time, and at the end of an epoch flushes it.
+/// A new stage is a `TailOp` (the plan), a type implementing this, a [`Stage`] variant, its
+/// initial state (`exec/marks.rs`) and its restore (`exec/restore.rs`).
+pub(super) trait TailStage {
+    /// Takes `item`; what goes on now is pushed to `outs` in order (nothing: it holds or
+    /// dropped the item). An unbatch stage returns the batch it cuts instead.
+    fn push(
+        &mut self,
+        item: Flow,
+        cx: &StageCx<'_>,
+        outs: &mut Vec<Flow>,
+    ) -> Result<Option<Cut>, Error>;
+    /// At the end of an epoch: the next item it still holds, to hand on (`None`: none).
+    fn flush(&mut self, cx: &StageCx<'_>) -> Result<Option<Flow>, Error>;
+    /// Its part of the mark of an item that leaves the tail now: its checkpoint, or why
+    /// this position cannot be one.
+    fn mark(&self) -> Result<StageMark, String>;
+    /// `item` went on to the next stage.
+    fn sent(&mut self, _item: &Flow) {}
+    /// What one push gave went on.
+    fn pushed(&mut self) {}
+}
+
 pub(super) enum Stage {
     /// The first of a run of maps and filters, run on the workers (see [`ParStage`]).
     Par(Box<ParStage>),
     /// A later map of that run: it never sees an item itself.
     Fused,
-    Shuffle {
-        size: usize,
-        buf: Vec<Flow>,
-        emitted: u64,
-    },
-    Batch {
-        size: usize,
-        drop_last: bool,
-        collate: CollatePolicy,
-        partial: Vec<(Element, CutFrom)>,
-        /// The partial batch's large tensors, stacked as they arrive.
-        stacker: Stacker,
-    },
+    Shuffle(ShuffleStage),
+    Batch(BatchStage),
     Pack(Box<PackStage>),
-    /// The batch being cut and how many of its samples were handed on.
-    Unbatch {
-        cutting: Option<Arc<[Key]>>,
-        sent: u32,
-    },
-    Take(u64, u64),
-    Skip(u64, u64),
+    Unbatch(UnbatchStage),
+    /// Take or skip.
+    Count(CountStage),
+}
+
+impl Stage {
+    /// The sequential stage (`None`: a parallel stage, or a later map of one).
+    fn seq(&mut self) -> Option<&mut dyn TailStage> {
+        Some(match self {
+            Stage::Par(_) | Stage::Fused => return None,
+            Stage::Shuffle(s) => s,
+            Stage::Batch(s) => s,
+            Stage::Pack(s) => &mut **s,
+            Stage::Unbatch(s) => s,
+            Stage::Count(s) => s,
+        })
+    }
+
+    fn seq_ref(&self) -> Option<&dyn TailStage> {
+        Some(match self {
+            Stage::Par(_) | Stage::Fused => return None,
+            Stage::Shuffle(s) => s,
+            Stage::Batch(s) => s,
+            Stage::Pack(s) => &**s,
+            Stage::Unbatch(s) => s,
+            Stage::Count(s) => s,
+        })
+    }
 }
 
 pub(super) struct TailCtx {
@@ -197,6 +257,25 @@ impl TailCtx {
     }
 }
 
+impl<'a> TailRun<'a> {
+    /// What stage `i` sees of the run (borrowing the run's context, not the tail).
+    fn stage_cx<'c>(&self, i: usize, counters: &'c StageCounters) -> StageCx<'c>
+    where
+        'a: 'c,
+    {
+        let ctx: &'a TailCtx = self.ctx;
+        StageCx {
+            index: i,
+            seed: ctx.seed,
+            epoch: self.epoch,
+            shared: &ctx.shared,
+            budget: &ctx.budget,
+            ds: &ctx.ds,
+            counters,
+        }
+    }
+}
+
 impl TailRun<'_> {
     /// Takes worker results in order and pushes them through the stages until the source
     /// has ended and everything it emitted has been seen.
@@ -289,7 +368,7 @@ impl TailRun<'_> {
         let Flow::Batch(b, ..) = &batch else {
             return self.push(0, batch);
         };
-        debug_assert!(matches!(self.stages.first(), Some(Stage::Batch { .. })));
+        debug_assert!(matches!(self.stages.first(), Some(Stage::Batch(_))));
         let c = self.counters(0);
         c.add(&c.items_in, b.len() as u64);
         c.add(&c.items_out, 1);
@@ -315,17 +394,15 @@ impl TailRun<'_> {
         }
         let mirror = self.ctx.shared.shuffle.lock();
         for i in up.upto..upto {
-            let s = &self.stages[i];
-            up.stages.push(match s {
-                Stage::Pack(p) => match p.checkpoint() {
-                    Ok(st) => StageMark::Fixed(st),
-                    Err(e) => {
-                        up.broken = Some(e.message);
+            up.stages
+                .push(match self.stages[i].seq_ref().map(TailStage::mark) {
+                    None => StageMark::Fixed(StageState::Stateless),
+                    Some(Ok(m)) => m,
+                    Some(Err(why)) => {
+                        up.broken = Some(why);
                         StageMark::Fixed(StageState::Stateless)
                     }
-                },
-                s => stage_mark(s),
-            });
+                });
             up.shuffle_ops[i] = mirror.ops_of(i);
         }
         up.upto = upto;
@@ -341,9 +418,9 @@ impl TailRun<'_> {
         samples: Vec<Sample>,
         from: u32,
     ) {
-        if let Stage::Unbatch { cutting, sent } = &mut self.stages[i] {
-            *cutting = Some(members.clone());
-            *sent = from;
+        if let Stage::Unbatch(u) = &mut self.stages[i] {
+            u.cutting = Some(members.clone());
+            u.sent = from;
         }
         let c = self.counters(i);
         for (k, sample) in samples.into_iter().enumerate().skip(from as usize) {
@@ -354,8 +431,8 @@ impl TailRun<'_> {
                 sample,
                 hold: None,
             };
-            if let Stage::Unbatch { sent, .. } = &mut self.stages[i] {
-                *sent = k as u32 + 1;
+            if let Stage::Unbatch(u) = &mut self.stages[i] {
+                u.sent = k as u32 + 1;
             }
             c.add(&c.items_out, 1);
             self.push(i + 1, Flow::Elem(el, Some((members.clone(), k as u32))));
@@ -363,9 +440,9 @@ impl TailRun<'_> {
                 return;
             }
         }
-        if let Stage::Unbatch { cutting, sent } = &mut self.stages[i] {
-            *cutting = None;
-            *sent = 0;
+        if let Stage::Unbatch(u) = &mut self.stages[i] {
+            u.cutting = None;
+            u.sent = 0;
         }
     }
 
@@ -421,127 +498,30 @@ impl TailRun<'_> {
         let c = self.counters(i);
         c.add(&c.items_in, 1);
         let t0 = Instant::now();
-        let epoch = self.epoch;
-        let seed = self.ctx.seed;
         let mut outs: Vec<Flow> = Vec::new();
-        let mut err = None;
-        // A batch an unbatch stage cuts: its samples go on one by one (`cut_out`).
-        let mut cut = None;
-        match &mut self.stages[i] {
-            Stage::Par(_) | Stage::Fused => unreachable!("handled above"),
-            // Samples, or batches after a batch stage: the picks are the same either way.
-            Stage::Shuffle { size, buf, emitted } => {
-                let mut m = self.ctx.shared.shuffle.lock();
-                if buf.len() < *size {
-                    m.bufs[i].push(item.key());
-                    m.record(i, ShufMove::Push);
-                    buf.push(item);
-                } else {
-                    let k = Rng::from_words(&[seed, epoch, SHUFFLE_PICK, *emitted])
-                        .below(buf.len() as u64) as usize;
-                    *emitted += 1;
-                    let out = std::mem::replace(&mut buf[k], item);
-                    let out_key = std::mem::replace(&mut m.bufs[i][k], buf[k].key());
-                    m.record(
-                        i,
-                        ShufMove::Replace {
-                            slot: k,
-                            out: out_key,
-                        },
-                    );
-                    m.emitted[i] = *emitted;
-                    outs.push(out);
-                }
+        let r = {
+            let cx = self.stage_cx(i, &c);
+            match self.stages[i].seq() {
+                Some(stage) => stage.push(item, &cx, &mut outs),
+                None => unreachable!("handled above"),
             }
-            Stage::Batch {
-                size,
-                collate,
-                partial,
-                stacker,
-                ..
-            } => match item {
-                Flow::Elem(mut el, cut) => {
-                    stacker.push(&mut el.sample, *size, collate);
-                    partial.push((el, cut));
-                    if partial.len() == *size {
-                        let members = std::mem::take(partial);
-                        let st = stacker.take();
-                        match collate_elems(members, Some(st), collate) {
-                            Ok(f) => outs.push(f),
-                            Err(e) => err = Some(e),
-                        }
-                    }
-                }
-                Flow::Batch(..) => err = Some(Error::invalid("batch of batches")),
-            },
-            Stage::Pack(p) => match item {
-                Flow::Elem(el, _) => match p.push(el.pos, &el.sample) {
-                    Ok(blocks) => {
-                        // The documents' bytes leave the budget with them; blocks count.
-                        drop(el);
-                        let budget = &self.ctx.budget;
-                        outs.extend(blocks.into_iter().map(|(p, s)| block(budget, p, s)));
-                    }
-                    Err(e) => err = Some(locate(&self.ctx.ds, e.with_stage(p.spec.name()), el.pos)),
-                },
-                Flow::Batch(..) => {
-                    err = Some(Error::invalid(format!(
-                        "{} takes samples but receives batches (put it before batch)",
-                        p.spec.name()
-                    )))
-                }
-            },
-            Stage::Unbatch { .. } => match item {
-                // The batch's bytes leave the budget with it.
-                Flow::Batch(b, members, _hold) => match b.unbatch() {
-                    Ok(samples) => cut = Some((members, samples)),
-                    Err(e) => err = Some(e),
-                },
-                e => outs.push(e),
-            },
-            Stage::Take(n, seen) => {
-                if *seen < *n {
-                    *seen += 1;
-                    outs.push(item);
-                } else {
-                    c.add(&c.dropped, 1);
-                }
-            }
-            Stage::Skip(n, seen) => {
-                if *seen < *n {
-                    *seen += 1;
-                    c.add(&c.dropped, 1);
-                } else {
-                    outs.push(item);
-                }
-            }
-        }
+        };
         c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
-        if let Some(e) = err {
-            self.error(e);
-            return;
+        match r {
+            Err(e) => return self.error(e),
+            // A batch an unbatch stage cuts: its samples go on one by one.
+            Ok(Some((members, samples))) => return self.cut_out(i, members, samples, 0),
+            Ok(None) => {}
         }
-        if let Some((members, samples)) = cut {
-            self.cut_out(i, members, samples, 0);
-            return;
-        }
-        let packs = matches!(self.stages[i], Stage::Pack(_));
         for o in outs {
             c.add(&c.items_out, 1);
-            if packs {
-                self.note_sent(i, &o);
+            if let Some(stage) = self.stages[i].seq() {
+                stage.sent(&o);
             }
             self.push(i + 1, o);
         }
-        if let Stage::Pack(p) = &mut self.stages[i] {
-            p.prune();
-        }
-    }
-
-    /// A pack stage (`i`) hands `block` to the next stage.
-    pub(super) fn note_sent(&mut self, i: usize, block: &Flow) {
-        if let (Stage::Pack(p), Flow::Elem(el, _)) = (&mut self.stages[i], block) {
-            p.note_sent(el.pos.record);
+        if let Some(stage) = self.stages[i].seq() {
+            stage.pushed();
         }
     }
 
@@ -556,62 +536,23 @@ impl TailRun<'_> {
             }
             return self.flush(i + 1);
         }
-        let epoch = self.epoch;
-        let seed = self.ctx.seed;
         loop {
-            let item = match &mut self.stages[i] {
-                Stage::Shuffle { buf, emitted, .. } if !buf.is_empty() => {
-                    let k = Rng::from_words(&[seed, epoch, SHUFFLE_PICK, *emitted])
-                        .below(buf.len() as u64) as usize;
-                    *emitted += 1;
-                    let out = buf.swap_remove(k);
-                    let mut m = self.ctx.shared.shuffle.lock();
-                    let out_key = m.bufs[i].swap_remove(k);
-                    m.emitted[i] = *emitted;
-                    m.record(
-                        i,
-                        ShufMove::Remove {
-                            slot: k,
-                            out: out_key,
-                        },
-                    );
-                    out
-                }
-                Stage::Batch {
-                    partial,
-                    drop_last,
-                    collate,
-                    stacker,
-                    ..
-                } if !partial.is_empty() => {
-                    let members = std::mem::take(partial);
-                    let st = stacker.take();
-                    if *drop_last {
-                        break;
-                    }
-                    match collate_elems(members, Some(st), collate) {
-                        Ok(f) => f,
-                        Err(e) => {
-                            self.error(e);
-                            return;
-                        }
-                    }
-                }
-                Stage::Pack(p) if p.has_pending() => match p.finish() {
-                    Ok(Some((pos, sample))) => block(&self.ctx.budget, pos, sample),
-                    Ok(None) => break,
-                    Err(e) => {
-                        let e = e.with_stage(p.spec.name());
-                        self.error(e);
-                        return;
-                    }
-                },
-                _ => break,
-            };
             let c = self.counters(i);
+            let r = {
+                let cx = self.stage_cx(i, &c);
+                match self.stages[i].seq() {
+                    Some(stage) => stage.flush(&cx),
+                    None => Ok(None),
+                }
+            };
+            let item = match r {
+                Ok(Some(item)) => item,
+                Ok(None) => break,
+                Err(e) => return self.error(e),
+            };
             c.add(&c.items_out, 1);
-            if matches!(self.stages[i], Stage::Pack(_)) {
-                self.note_sent(i, &item);
+            if let Some(stage) = self.stages[i].seq() {
+                stage.sent(&item);
             }
             self.push(i + 1, item);
             if self.failed {
