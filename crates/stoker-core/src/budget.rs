@@ -253,6 +253,26 @@ impl MemoryBudget {
         }
     }
 
+    /// Counts `bytes` that are in memory already, made before they could be charged (a
+    /// sample remade when a run resumes, a block packed from documents that held theirs):
+    /// asks the [reclaimers](Self::add_reclaimer) for any shortfall (a cache gives way),
+    /// then holds the bytes even past the limit, never waiting and never clamped, so that
+    /// [`used`](Self::used) and [`peak`](Self::peak) say what is held. While `used` is past
+    /// the limit, [`try_reserve`](Self::try_reserve) and [`reserve`](Self::reserve) take
+    /// nothing, so the pipeline admits nothing new until the excess is gone.
+    pub fn count_held(&self, bytes: u64) -> Reservation {
+        let shortfall = bytes.saturating_sub(self.available());
+        if shortfall > 0 {
+            self.reclaim(shortfall);
+        }
+        let mut r = Reservation {
+            budget: self.clone(),
+            bytes: 0,
+        };
+        r.resize_to(bytes);
+        r
+    }
+
     /// Registers `reclaimer`, which a waiting [`reserve`](Self::reserve) calls to get bytes
     /// back (see the module documentation). Called with the number of bytes `reserve` is short
     /// of, it frees what it can by dropping [`Reservation`]s of this budget and returns how
@@ -511,6 +531,30 @@ mod tests {
             freed
         });
         (held, asked, f)
+    }
+
+    #[test]
+    fn bytes_already_held_are_counted_past_the_limit_after_the_reclaimers() {
+        let b = MemoryBudget::new(100);
+        let held: Vec<_> = (0..6).map(|_| b.try_reserve(10).unwrap()).collect();
+        let (held, asked, f) = holder(held);
+        b.add_reclaimer(Arc::downgrade(&f));
+        let other = b.try_reserve(30).unwrap();
+        // 10 free, 60 a cache could give back: it gives the 60 missing of 70, then the
+        // 150 are held whole (not clamped), past the limit.
+        let big = b.count_held(150);
+        assert_eq!(*asked.lock(), vec![140]);
+        assert!(held.lock().is_empty());
+        assert_eq!(big.bytes(), 150);
+        assert_eq!(b.used(), 180);
+        assert_eq!(b.peak(), 180);
+        // Nothing more is admitted until the excess is gone.
+        assert!(b.try_reserve(1).is_none());
+        drop(other);
+        assert!(b.try_reserve(1).is_none());
+        drop(big);
+        assert_eq!(b.used(), 0);
+        assert!(b.try_reserve(100).is_some());
     }
 
     #[tokio::test]

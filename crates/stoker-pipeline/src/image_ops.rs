@@ -496,8 +496,14 @@ pub(crate) fn apply(
             Builtin::ImageToTensor { field, .. } => {
                 let img = image_field(&s, field, "image_to_tensor")?;
                 let t = to_tensor(b)?;
-                ctx.reserve(bytes(img) * t.dtype.size() as u64)?;
-                (field, t.apply_into(img, &mut ctx.take_output_slot())?)
+                // Written into the batch's buffer when the executor has a slot for it (a
+                // buffer the sample then holds); else a tensor of its own, charged first.
+                let len = bytes(img) * t.dtype.size() as u64;
+                let mut slot = ctx.output_slot(len as usize);
+                if slot.as_ref().is_none_or(|l| l.len() as u64 != len) {
+                    ctx.reserve(len)?;
+                }
+                (field, t.apply_into(img, &mut |_| slot.take())?)
             }
             _ => unreachable!("apply() of an image operator"),
         };

@@ -141,8 +141,10 @@ impl OpContext {
     /// This context, charging what the operator reserves to `budget` (see
     /// [`reserve`](Self::reserve)): the sample holds `hold` in it and is `sample_bytes`
     /// bytes now; a reservation waits at most `wait` for room. [`take_hold`](Self::take_hold)
-    /// gives the sample's reservation back when the operator has returned.
-    pub(crate) fn with_budget(
+    /// gives the sample's reservation back when the operator has returned. (The executor
+    /// sets this up for every operator in a run; it is public for testing what an operator
+    /// charges.)
+    pub fn with_budget(
         mut self,
         budget: &MemoryBudget,
         hold: Option<Reservation>,
@@ -165,7 +167,7 @@ impl OpContext {
     /// the operator charged), and the most the sample needed at once while it ran (its
     /// bytes when it began plus what the operator charged; `None` without a budget). A
     /// sample that held nothing gets back nothing: what its operator charged is released.
-    pub(crate) fn take_hold(&mut self) -> (Option<Reservation>, Option<u64>) {
+    pub fn take_hold(&mut self) -> (Option<Reservation>, Option<u64>) {
         match self.memory.take() {
             Some(c) => {
                 let peak = c.base.saturating_add(c.charged);

@@ -414,3 +414,35 @@ fn the_fused_decode_and_crop_charges_its_region_and_its_frames() {
         "{e}"
     );
 }
+
+#[test]
+fn samples_remade_on_resume_count_in_the_budget() {
+    short_wait();
+    let samples: Vec<Sample> = (0..200)
+        .map(|i| sample(&format!("s{i}"), vec![i as u8; 100_000]))
+        .collect();
+    let p = |limit: u64| {
+        Pipeline::from_samples(samples.clone())
+            .shuffle(64)
+            .seed(1)
+            .options(options(limit, 2))
+    };
+    // With room: the state after 10 samples holds the 64 of the shuffle buffer.
+    let mut run = p(64 * MIB).run().unwrap();
+    for _ in 0..10 {
+        run.next().unwrap().unwrap();
+    }
+    let state = run.state().unwrap();
+    drop(run);
+    // Resumed under a budget with room for 20 of them: the 64 are read again, and all of
+    // them count (they used to be counted only while the budget had room), so the budget
+    // shows what the run holds, and what follows waits for it.
+    let limit = 2 * MIB;
+    let mut resumed = p(limit).resume(&state).unwrap();
+    let first = resumed.next();
+    let peak = resumed.stats().memory.peak;
+    assert!(
+        peak >= 64 * 100_000,
+        "budget peak {peak} after a resume holding 64 samples of 100 kB ({first:?})"
+    );
+}

@@ -203,7 +203,9 @@ impl TailRun<'_> {
         at: usize,
     ) -> Result<Element, Error> {
         let ctx = self.ctx;
-        let hold = ctx.budget.try_reserve(sample.size_bytes() as u64);
+        // In memory already (read again to rebuild what the state held): counted, even
+        // past the limit, so that what follows waits for it.
+        let hold = Some(ctx.budget.count_held(sample.size_bytes() as u64));
         let el = Element {
             seq: 0,
             pos,

@@ -643,7 +643,7 @@ pub(super) fn collate_elems(
 /// A block a pack stage made, as the next stage takes it: it counts in the budget (the
 /// documents it was made of left it with them).
 fn block(budget: &MemoryBudget, pos: Pos, sample: Sample) -> Flow {
-    let hold = budget.try_reserve(sample.size_bytes() as u64);
+    let hold = Some(budget.count_held(sample.size_bytes() as u64));
     Flow::Elem(
         Element {
             seq: 0,
