@@ -446,3 +446,44 @@ fn samples_remade_on_resume_count_in_the_budget() {
         "budget peak {peak} after a resume holding 64 samples of 100 kB ({first:?})"
     );
 }
+
+#[test]
+fn samples_the_source_holds_back_are_handed_over_before_it_waits_for_the_budget() {
+    // An operator that makes each tiny sample 1 MiB, on one worker, through a 3 MiB
+    // budget: while the worker is busy the source gathers samples into a chunk, each with
+    // its 1 MiB reserved. It used to wait for room with that chunk still in hand, so its
+    // samples waited for the budget as the budget waited for them, and the run failed
+    // after the budget wait (memory.rs's `what_operators_add_to_samples_counts_in_the_budget`
+    // failed so about one run in four on a loaded machine; this fails every time).
+    short_wait();
+    let mib = 1usize << 20;
+    let grow = stoker_pipeline::FnOp::new(stoker_core::OpMeta::new("grow"), move |mut s, _| {
+        // About 150 us a sample: the source hands them over a few at a time.
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_micros(150) {
+            std::hint::spin_loop();
+        }
+        s.insert("big", bytes::Bytes::from(vec![7u8; mib]));
+        Ok(Some(s))
+    });
+    let samples: Vec<Sample> = (0..64)
+        .map(|i| {
+            let mut s = Sample::new();
+            s.insert("__key__", format!("s{i}"));
+            s.insert("x", i as i64);
+            s
+        })
+        .collect();
+    let p = Pipeline::from_samples(samples)
+        .map(grow)
+        .batch(2, false)
+        .options(options(3 * MIB, 1));
+    let mut run = p.run().unwrap();
+    let mut n = 0;
+    for item in run.by_ref() {
+        n += item.expect("no budget stall").samples();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(n, 64);
+    assert!(run.stats().memory.peak <= 3 * MIB);
+}

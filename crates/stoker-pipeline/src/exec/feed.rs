@@ -18,7 +18,7 @@ use stoker_core::Error;
 
 use super::runtime::budget_full;
 use super::tail::TailCtx;
-use super::worker::{chunk_cap, expected_bytes, panic_message, Done, CHUNK};
+use super::worker::{chunk_cap, expected_bytes, Done, CHUNK};
 use crate::source::{run_source, Produced, SourceCursor};
 
 /// Starts the source thread for `epoch`, from `cursor0`.
@@ -77,12 +77,21 @@ pub(super) fn spawn_source(
                         // What the sample will be after the workers' operators
                         // (the worker sets it right).
                         let n = expected_bytes(&ds, n, budget.limit());
-                        let hold = budget.try_reserve(n).or_else(|| {
-                            rt.block_on(async {
-                                tokio::time::timeout(wait, budget.reserve(n)).await
-                            })
-                            .ok()
-                        });
+                        let mut hold = budget.try_reserve(n);
+                        if hold.is_none() {
+                            // Hand the chunk over before waiting: its samples hold budget
+                            // that only their way to the consumer gives back (kept here,
+                            // they would wait for the budget as the budget waits for
+                            // them, until the budget wait ended the run).
+                            if !flush(&mut chunk, &mut hist) {
+                                return false;
+                            }
+                            hold = rt
+                                .block_on(async {
+                                    tokio::time::timeout(wait, budget.reserve(n)).await
+                                })
+                                .ok();
+                        }
                         match hold {
                             Some(h) => *slot = Some(h),
                             None => {
@@ -165,7 +174,7 @@ pub(super) fn spawn_source(
                 Err(panic) => {
                     let _ = done_tx2.send(Done::Fatal(Error::invalid(format!(
                         "the source failed: {}",
-                        panic_message(&panic)
+                        stoker_core::panic_message(&*panic)
                     ))));
                 }
             }
