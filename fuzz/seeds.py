@@ -11,7 +11,10 @@ import struct
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+# STOKER_FUZZ_CORPUS: where to write them (run.sh's CI mode writes a fresh directory).
+OUT = os.environ.get(
+    "STOKER_FUZZ_CORPUS", os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+)
 SEED_MAX = 16 * 1024
 FORMATS = os.path.join(ROOT, "crates/stoker-formats/tests/fixtures")
 IMAGES = os.path.join(ROOT, "crates/stoker-ops/tests/fixtures/image/files")

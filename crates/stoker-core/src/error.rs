@@ -27,6 +27,16 @@ pub enum ErrorKind {
     Invalid,
 }
 
+/// What a caught panic said (its `&str` or `String` payload), for an error that replaces
+/// it: kernels and third-party decoders that panic on hostile bytes are caught where they
+/// are called, and the panic becomes an error naming the object.
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> &str {
+    p.downcast_ref::<&str>()
+        .copied()
+        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic")
+}
+
 impl ErrorKind {
     /// Whether a skip policy may skip the sample (or the rest of the shard) and go on.
     pub fn skippable(self) -> bool {

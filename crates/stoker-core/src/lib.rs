@@ -31,7 +31,7 @@ pub mod slots;
 mod tensor;
 
 pub use budget::{system_memory_bytes, MemoryBudget, Reservation};
-pub use error::{Cause, Error, ErrorKind};
+pub use error::{panic_message, Cause, Error, ErrorKind};
 pub use op::OpMeta;
 pub use sample::{Batch, Collate, CollatePolicy, Column, Columns, Sample, Stacker, Value};
 pub use size::{ByteSize, ParseSizeError};

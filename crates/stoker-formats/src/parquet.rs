@@ -428,7 +428,7 @@ impl ParquetReader {
                         let e = Error::record(format!(
                             "cannot decode row group {}: malformed data ({})",
                             g.index,
-                            panic_message(&*panic)
+                            stoker_core::panic_message(&*panic)
                         ));
                         return Err(self.fail_group(e));
                     }
@@ -1003,14 +1003,6 @@ fn lists(
         });
     }
     Ok(out)
-}
-
-/// What a caught panic said.
-fn panic_message(p: &(dyn std::any::Any + Send)) -> &str {
-    p.downcast_ref::<&str>()
-        .copied()
-        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("the decoder panicked")
 }
 
 #[cfg(test)]

@@ -239,3 +239,31 @@ fn mutated_and_truncated_files_never_panic() {
         }
     }
 }
+
+/// Found by `fuzz/audio` (a CI run on 4 December 2026): a WAV header whose sample rate is 0
+/// made symphonia panic while opening it (`TimeBase` with a zero denominator). It is a clean
+/// operator error naming the field, for the header and for the decode.
+#[test]
+fn a_wav_header_with_a_zero_sample_rate_is_an_error_not_a_panic() {
+    let mut wav = b"RIFF\x24\xfa\0\0WAVEfmt \x10\0\0\0".to_vec();
+    // PCM, 8 channels, 0 Hz, 0 bytes/s, block align 4, 32 bits.
+    wav.extend_from_slice(&[1, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 32, 0]);
+    wav.extend_from_slice(b"data\0\xfa\0\0");
+    wav.extend((0..512u32).map(|i| (i * 7) as u8));
+    for opts in [
+        DecodeAudio::default(),
+        DecodeAudio::default().mono(true).offset_s(0.01),
+    ] {
+        let e = decode_audio(&wav, &opts).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Operator, "{e}");
+        assert!(e.to_string().contains("sample rate of 0"), "{e}");
+    }
+    let e = audio_info(&wav).unwrap_err();
+    assert!(e.to_string().contains("sample rate of 0"), "{e}");
+    // And 0 channels.
+    let at = wav.windows(4).position(|w| w == b"fmt ").unwrap() + 10;
+    wav[at] = 0;
+    wav[at + 4] = 0x44;
+    let e = audio_info(&wav).unwrap_err();
+    assert!(e.to_string().contains("0 channels"), "{e}");
+}

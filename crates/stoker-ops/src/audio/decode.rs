@@ -119,7 +119,7 @@ impl DecodeAudio {
 
     /// Decodes `bytes` and says what was repaired on the way.
     pub fn apply_with_report(&self, bytes: &[u8]) -> Result<(Audio, DecodeReport), Error> {
-        decode(bytes, self)
+        guarded(|| decode(bytes, self))
     }
 }
 
@@ -154,6 +154,10 @@ pub fn decode_audio(bytes: &[u8], opts: &DecodeAudio) -> Result<Audio, Error> {
 
 /// Reads the header of `bytes` without decoding any sample.
 pub fn audio_info(bytes: &[u8]) -> Result<AudioInfo, Error> {
+    guarded(|| info(bytes))
+}
+
+fn info(bytes: &[u8]) -> Result<AudioInfo, Error> {
     let (reader, track) = open(bytes, None)?;
     drop(reader);
     let p = &track.params;
@@ -183,10 +187,70 @@ fn sym_err(e: SymError) -> Error {
     Error::operator(format!("{OP}: {e}"))
 }
 
+/// Runs `f`, turning a panic into an error: symphonia panics on some malformed streams
+/// (a WAV header with a sample rate of 0 panicked in its `TimeBase::new`, found by
+/// `fuzz/audio`); [`check_riff`] refuses the ones known, and this keeps any other from
+/// taking down the worker. The fuzz target lets panics inside symphonia unwind to here.
+fn guarded<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        Err(Error::operator(format!(
+            "{OP}: malformed stream (the decoder failed: {})",
+            stoker_core::panic_message(&*p)
+        )))
+    })
+}
+
+/// For a RIFF/WAVE stream, checks what symphonia's WAV reader trusts in the `fmt ` chunk:
+/// a sample rate of 0 (it divides by it) and 0 channels are refused here, naming the
+/// field. Other streams, and WAV files without a `fmt ` chunk before `data`, pass (the
+/// reader refuses those itself).
+fn check_riff(bytes: &[u8]) -> Result<(), Error> {
+    if bytes.len() < 12 || &bytes[..4] != b"RIFF" || &bytes[8..12] != b"WAVE" {
+        return Ok(());
+    }
+    let le32 = |at: usize| {
+        bytes
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let mut at = 12usize;
+    while let (Some(id), Some(len)) = (bytes.get(at..at + 4), le32(at + 4)) {
+        let body = at + 8;
+        match id {
+            b"fmt " => {
+                let channels = bytes
+                    .get(body + 2..body + 4)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]));
+                if channels == Some(0) {
+                    return Err(Error::operator(format!(
+                        "{OP}: the WAV header (fmt chunk at byte {at}) says 0 channels"
+                    )));
+                }
+                if le32(body + 4) == Some(0) {
+                    return Err(Error::operator(format!(
+                        "{OP}: the WAV header (fmt chunk at byte {at}) says a sample rate of 0"
+                    )));
+                }
+                return Ok(());
+            }
+            b"data" => return Ok(()),
+            _ => {}
+        }
+        // Chunks are padded to an even length.
+        let next = (len as usize).saturating_add(len as usize & 1);
+        at = match body.checked_add(next) {
+            Some(n) => n,
+            None => return Ok(()),
+        };
+    }
+    Ok(())
+}
+
 fn open(bytes: &[u8], hint: Option<&str>) -> Result<(Box<dyn FormatReader>, TrackInfo), Error> {
     if bytes.is_empty() {
         return Err(Error::operator(format!("{OP}: empty input")));
     }
+    check_riff(bytes)?;
     let mss = MediaSourceStream::new(
         Box::new(Cursor::new(bytes.to_vec())),
         MediaSourceStreamOptions::default(),

@@ -9,7 +9,7 @@ use super::chain::{apply_par, locate};
 use super::marks::Upstream;
 use super::runtime::Charging;
 use super::tail::{Flow, Stage, TailRun};
-use super::worker::{chunk_cap, panic_message};
+use super::worker::chunk_cap;
 use crate::ops::SampleOp;
 use crate::optimize::{par_runs, producer_name, TailOp, INLINE_NS};
 use crate::source::Dataset;
@@ -139,7 +139,7 @@ pub(super) fn run_par_one(
             ds,
             Error::operator(format!(
                 "panicked: {} ({})",
-                panic_message(&p),
+                stoker_core::panic_message(&*p),
                 producer_name(&run.ops)
             )),
             pos,

@@ -80,13 +80,6 @@ pub(super) fn next_work(
     }
 }
 
-pub(super) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".into())
-}
-
 #[allow(clippy::too_many_arguments)]
 pub(super) fn worker(
     index: usize,
@@ -210,7 +203,7 @@ pub(super) fn run_one(
                 r.unwrap_or_else(|p| {
                     Err(Error::operator(format!(
                         "panicked: {} ({})",
-                        panic_message(&p),
+                        stoker_core::panic_message(&*p),
                         producer_name(producer)
                     )))
                 })
