@@ -20,12 +20,13 @@ from __future__ import annotations
 import io as _io
 import json
 import os
+import warnings
 from typing import Any
 
 from . import _native, _threads
 from ._options import store_pairs
 
-__all__ = ["ObjectFileIO", "clear_cache", "ls", "open"]
+__all__ = ["Listing", "ObjectFileIO", "clear_cache", "ls", "open"]
 
 #: Bytes the BufferedReader asks for at once (the store reads ahead further on its own).
 DEFAULT_BUFFER_SIZE = 256 * 1024
@@ -95,13 +96,27 @@ class ObjectFileIO(_io.RawIOBase):
         return f"<stoker.io.ObjectFileIO name={self.name!r} size={self.size}>"
 
 
+class Listing(list):  # type: ignore[type-arg]
+    """What :func:`ls` returns: a ``list`` of entries, plus ``skipped``, the keys left out
+    because they cannot be file names (control characters, ``.`` or ``..`` segments, empty
+    segments; for local directories also names that are not UTF-8 and symbolic links out of
+    the root), each ``{"key", "escaped", "reason"}`` (``key`` exactly as the store has it,
+    ``escaped`` safe to print). A sub-prefix among them stands for everything under it."""
+
+    skipped: list[dict[str, str]]
+
+    def __init__(self, entries: list[dict[str, Any]], skipped: list[dict[str, str]]) -> None:
+        super().__init__(entries)
+        self.skipped = skipped
+
+
 def ls(
     url: str | os.PathLike[str],
     *,
     recursive: bool = False,
     glob: str | None = None,
     **store_options: Any,
-) -> list[dict[str, Any]]:
+) -> Listing:
     """What is under ``url``, as ``stoker ls --json`` lists it: one level (each
     sub-prefix as ``{"prefix": ..., "url": ...}``, then the objects) or, with
     ``recursive`` or a ``glob`` (``"**/*.jpg"``, relative to ``url``), every object below.
@@ -109,11 +124,25 @@ def ls(
     relative to the bucket). A URL that names one object lists it (without a ``glob``,
     which matches keys below the URL); an empty prefix gives
     ``[]``. Store options as for :func:`open`; the listing goes through the same shared
-    store (its metadata cache included)."""
+    store (its metadata cache included).
+
+    Keys that cannot be file names never fail the listing: they are left out, named in
+    the result's ``skipped`` (a :class:`Listing`) and in one ``UserWarning``, escaped."""
     _threads.check_fork()
     _threads.note_started()
     text = _native.list_objects(os.fspath(url), store_pairs(store_options), recursive, glob)
-    return json.loads(text)
+    got = json.loads(text)
+    listing = Listing(got["entries"], got["skipped"])
+    if listing.skipped:
+        names = ", ".join(s["escaped"] + " (" + s["reason"] + ")" for s in listing.skipped[:10])
+        more = len(listing.skipped) - 10
+        warnings.warn(
+            f"stoker.io.ls: skipped {len(listing.skipped)} key(s) under {os.fspath(url)} that "
+            f"cannot be file names: {names}" + (f" and {more} more" if more > 0 else ""),
+            UserWarning,
+            stacklevel=2,
+        )
+    return listing
 
 
 def clear_cache() -> None:

@@ -44,8 +44,9 @@ pub(crate) fn clear_stores() -> usize {
 /// `stoker ls --json` does): one level (objects, and sub-prefixes as `{"prefix": ...}`) or,
 /// `recursive` or with a `glob`, every object below; a URL that names one object lists it
 /// (without a glob).
-/// JSON text of the list of entries, each object with its key, URL, size, ETag, version
-/// and modification time.
+/// JSON text of `{"entries": [...], "skipped": [...]}`: the entries, each object with its
+/// key, URL, size, ETag, version and modification time; the keys left out (they cannot be
+/// file names), each with its key, its escaped form and why.
 #[pyfunction]
 #[pyo3(signature = (url, store, recursive, glob=None))]
 pub(crate) fn list_objects(
@@ -68,16 +69,31 @@ pub(crate) fn list_objects(
             v["url"] = store.object_url(&o.key).into();
             v
         };
-        let (objects, prefixes) = if recursive || globbed {
+        let (objects, prefixes, skipped) = if recursive || globbed {
             let mut lo = stoker_store::ListOptions::default();
             if let Some(g) = glob {
                 lo = lo.with_glob(g);
             }
-            (store.list_all(&prefix, &lo).await?, Vec::new())
+            let (all, skipped) = store.list_all_and_skipped(&prefix, &lo).await?;
+            (all, Vec::new(), skipped)
         } else {
             let level = store.list_dir(&prefix).await?;
-            (level.objects.clone(), level.prefixes.clone())
+            (
+                level.objects.clone(),
+                level.prefixes.clone(),
+                level.skipped.clone(),
+            )
         };
+        let skipped: Vec<serde_json::Value> = skipped
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "key": s.key,
+                    "escaped": stoker_store::escape_key(&s.key),
+                    "reason": s.reason.to_string(),
+                })
+            })
+            .collect();
         let mut out: Vec<serde_json::Value> = prefixes
             .iter()
             .map(|p| serde_json::json!({ "prefix": p, "url": store.object_url(p) }))
@@ -90,10 +106,10 @@ pub(crate) fn list_objects(
             }
         }
         out.extend(objects.iter().map(entry));
-        Ok::<_, stoker_store::Error>(out)
+        Ok::<_, stoker_store::Error>(serde_json::json!({ "entries": out, "skipped": skipped }))
     })?
     .map_err(|e| store_error(py, e))?;
-    Ok(serde_json::Value::Array(listed).to_string())
+    Ok(listed.to_string())
 }
 
 /// A seekable, read-only view of one object (see the module docs).

@@ -138,15 +138,16 @@ impl Body {
         };
         m.op_latency.record(t0.elapsed());
         // The response fixes the version (first request) or must match it (resumes).
-        match (&self.etag, &res.meta.e_tag) {
-            (Some(expected), Some(actual)) if expected != actual => {
+        let actual = res.meta.e_tag.as_deref().map(crate::store::entity_tag);
+        match (&self.etag, actual) {
+            (Some(expected), Some(actual)) if *expected != actual => {
                 return Err(Error::Changed {
                     url: self.url(),
                     expected: expected.clone(),
-                    actual: actual.clone(),
+                    actual,
                 });
             }
-            (None, Some(actual)) => self.etag = Some(actual.clone()),
+            (None, Some(actual)) => self.etag = Some(actual),
             _ => {}
         }
         if self.want_meta && self.received == 0 && self.info.is_none() {

@@ -10,7 +10,8 @@
 //! consumer (the store's listings), so `stoker ls`, `stoker.io.ls`, pipelines and the mount
 //! agree on what a prefix holds.
 //!
-//! How: the HTTP responses of S3/GCS (`list-type=2`) and Azure (`comp=list`) listings are
+//! How: the HTTP responses of S3/GCS (`list-type=2`), Azure (`comp=list`) and WebDAV
+//! (`PROPFIND`, for plain `http://` stores, whose `href`s are percent-encoded paths) listings are
 //! looked at before `object_store` parses them (in the store's own HTTP connector, which sees
 //! every response anyway), and each key or prefix that `object_store` could not parse is
 //! replaced by a stand-in that it can, carrying the original key in hex; the store turns the
@@ -192,19 +193,30 @@ fn stand_in(key: &[u8]) -> String {
     s
 }
 
-/// The original key a location stands in for, if it is a stand-in. Directory markers (a
-/// key ending in `/` listed as an object) come back too, so the caller can drop them.
-pub(crate) fn from_stand_in(location: &str) -> Option<String> {
+/// The original key a location stands in for and why it was left out, if it is a stand-in;
+/// the reason is `None` for a directory marker (a key ending in `/` listed as an object),
+/// which the caller drops.
+pub(crate) fn stood_in(location: &str) -> Option<(String, Option<SkipReason>)> {
     let hex = location.strip_prefix(STAND_IN)?;
     if hex.len() % 2 != 0 {
         return None;
     }
-    let bytes: Option<Vec<u8>> = (0..hex.len())
+    let bytes: Vec<u8> = (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect();
-    let key = String::from_utf8_lossy(&bytes?).into_owned();
-    (key_problem(&key).is_some() || key.ends_with('/')).then_some(key)
+        .collect::<Option<_>>()?;
+    let key = String::from_utf8_lossy(&bytes).into_owned();
+    let reason = match std::str::from_utf8(&bytes) {
+        Ok(_) => key_problem(&key),
+        Err(_) => Some(SkipReason::NotUtf8),
+    };
+    (reason.is_some() || key.ends_with('/')).then_some((key, reason))
+}
+
+/// The original key a location stands in for, if it is a stand-in ([`stood_in`]).
+#[cfg(test)]
+pub(crate) fn from_stand_in(location: &str) -> Option<String> {
+    stood_in(location).map(|(key, _)| key)
 }
 
 /// Which listing format a request asks for, by its query.
@@ -214,10 +226,16 @@ pub(crate) enum ListFormat {
     S3,
     /// Azure List Blobs: `<Blob><Name>`, `<BlobPrefix><Name>`.
     Azure,
+    /// WebDAV `PROPFIND` (plain HTTP stores): each `<D:href>` (any namespace prefix) holds
+    /// a URL or absolute path, percent-encoded.
+    WebDav,
 }
 
 /// The listing format of a request, if it is a listing.
 pub(crate) fn list_format(method: &str, query: Option<&str>) -> Option<ListFormat> {
+    if method == "PROPFIND" {
+        return Some(ListFormat::WebDav);
+    }
     if method != "GET" {
         return None;
     }
@@ -280,6 +298,7 @@ pub(crate) fn rewrite_listing(body: &[u8], format: ListFormat) -> Option<Vec<u8>
             (b"<Prefix>", b"</Prefix>", false),
         ],
         ListFormat::Azure => &[(b"<Name>", b"</Name>", true)],
+        ListFormat::WebDav => return rewrite_propfind(body),
     };
     let mut out: Option<Vec<u8>> = None;
     let mut copied = 0; // body[..copied] is in `out` already
@@ -317,6 +336,101 @@ pub(crate) fn rewrite_listing(body: &[u8], format: ListFormat) -> Option<Vec<u8>
     let mut o = out?;
     o.extend_from_slice(&body[copied..]);
     Some(o)
+}
+
+/// [`rewrite_listing`] for a WebDAV multistatus: each `href` element whose path (percent-
+/// decoded; the server's absolute path, which is the key for a plain HTTP store) cannot be
+/// parsed by `object_store` gets a stand-in path, percent-encoded, in its place.
+fn rewrite_propfind(body: &[u8]) -> Option<Vec<u8>> {
+    let mut out: Option<Vec<u8>> = None;
+    let mut copied = 0;
+    let mut i = 0;
+    while let Some(rel) = body[i..].iter().position(|&b| b == b'<') {
+        i += rel + 1;
+        // The element's name, up to `>` (an `href` carries no attributes).
+        let Some(n) = body[i..].iter().position(|&b| b == b'>') else {
+            break;
+        };
+        let name = &body[i..i + n];
+        let local = name.rsplit(|&b| b == b':').next().unwrap_or(name);
+        if local != b"href" || name.starts_with(b"/") {
+            i += n;
+            continue;
+        }
+        let start = i + n + 1;
+        let close = [b"</", name, b">"].concat();
+        let Some(len) = body[start..].windows(close.len()).position(|w| w == close) else {
+            break;
+        };
+        let end = start + len;
+        i = end + close.len();
+        let Some(raw) = xml_unescape(&body[start..end]) else {
+            continue;
+        };
+        let key = href_key(&raw);
+        let fine = std::str::from_utf8(&key).is_ok_and(|k| key_problem(k).is_none());
+        if fine {
+            continue;
+        }
+        let o = out.get_or_insert_with(|| Vec::with_capacity(body.len() + 64));
+        o.extend_from_slice(&body[copied..start]);
+        o.push(b'/');
+        for b in stand_in(&key).bytes() {
+            if b.is_ascii_alphanumeric() || b == b'-' {
+                o.push(b);
+            } else {
+                let _ = write!(HexTo(o), "%{b:02X}");
+            }
+        }
+        copied = end;
+    }
+    let mut o = out?;
+    o.extend_from_slice(&body[copied..]);
+    Some(o)
+}
+
+/// The key an `href` names: its path (after the authority, without a query or fragment),
+/// percent-decoded, without the leading `/`, as bytes (a server may list names that are
+/// not UTF-8).
+fn href_key(href: &[u8]) -> Vec<u8> {
+    let text = href.trim_ascii();
+    let path = match text.windows(3).position(|w| w == b"://") {
+        Some(at) => {
+            let rest = &text[at + 3..];
+            &rest[rest.iter().position(|&b| b == b'/').unwrap_or(rest.len())..]
+        }
+        None => text,
+    };
+    let path = &path[..path
+        .iter()
+        .position(|&b| b == b'?' || b == b'#')
+        .unwrap_or(path.len())];
+    let path = path.strip_prefix(b"/").unwrap_or(path);
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while i < path.len() {
+        if path[i] == b'%' && i + 2 < path.len() {
+            if let (Some(h), Some(l)) = (hex(path[i + 1]), hex(path[i + 2])) {
+                out.push(h << 4 | l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(path[i]);
+        i += 1;
+    }
+    out
+}
+
+/// `write!` into a byte vector.
+struct HexTo<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for HexTo<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -431,6 +545,49 @@ mod tests {
         // Nothing to replace: the body is used as it is.
         let clean = "<ListBucketResult><Contents><Key>a/b</Key></Contents></ListBucketResult>";
         assert_eq!(rewrite_listing(clean.as_bytes(), ListFormat::S3), None);
+    }
+
+    #[test]
+    fn a_webdav_listing_stands_in_for_bad_hrefs_as_object_store_parses_them() {
+        let body = "<?xml version='1.0' encoding='UTF-8'?>\
+            <ns0:multistatus xmlns:ns0=\"DAV:\">\
+            <ns0:response><ns0:href>/d/</ns0:href></ns0:response>\
+            <ns0:response><ns0:href>/d/ok%20%26%20fine.txt</ns0:href></ns0:response>\
+            <ns0:response><ns0:href>/d/a%01b.txt</ns0:href></ns0:response>\
+            <ns0:response><ns0:href>http://h:8/d/%1B%5B31m/</ns0:href></ns0:response>\
+            <ns0:response><ns0:href>/d/%FF.bin</ns0:href></ns0:response>\
+            <D:response><D:href>/d//x?q=1</D:href></D:response>\
+            </ns0:multistatus>";
+        let out = rewrite_listing(body.as_bytes(), ListFormat::WebDav).expect("rewritten");
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.contains("<ns0:href>/d/</ns0:href>"), "{out}");
+        assert!(out.contains("/d/ok%20%26%20fine.txt<"), "{out}");
+        // What object_store makes of each href: its path, percent-decoded, as a Path.
+        let locations: Vec<String> = out
+            .split(['<', '>'])
+            .filter(|t| t.starts_with('/'))
+            .map(|t| String::from_utf8(href_key(t.as_bytes())).unwrap())
+            .collect();
+        let stood: Vec<_> = locations.iter().filter_map(|l| stood_in(l)).collect();
+        use SkipReason::*;
+        assert_eq!(
+            stood,
+            [
+                ("d/a\u{1}b.txt".to_string(), Some(ControlCharacter)),
+                ("d/\u{1b}[31m/".to_string(), Some(ControlCharacter)),
+                ("d/\u{fffd}.bin".to_string(), Some(NotUtf8)),
+                ("d//x".to_string(), Some(EmptySegment)),
+            ]
+        );
+        for l in &locations {
+            assert!(
+                object_store::path::Path::parse(l).is_ok(),
+                "{l:?} would fail the listing"
+            );
+        }
+        let clean = "<multistatus><response><href>/a/b</href></response></multistatus>";
+        assert_eq!(rewrite_listing(clean.as_bytes(), ListFormat::WebDav), None);
+        assert_eq!(list_format("PROPFIND", None), Some(ListFormat::WebDav));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use object_store::ObjectMeta;
 
 use crate::error::{Error, Result};
-use crate::keys::{from_stand_in, key_problem, warn_skipped, Skipped};
+use crate::keys::{stood_in, warn_skipped, Skipped};
 use crate::store::{to_path, ObjectInfo, Store};
 
 /// At most this many metadata entries are kept; past it the cache starts over (a listing of
@@ -149,9 +149,9 @@ fn relative<'a>(key: &'a str, dir: &str) -> &'a str {
 /// An object of a listing, or the key it stood in for (`keys.rs`); `None` for a directory
 /// marker, which is no object.
 fn from_listed(meta: &ObjectMeta) -> Option<std::result::Result<ObjectInfo, Skipped>> {
-    match from_stand_in(meta.location.as_ref()) {
+    match stood_in(meta.location.as_ref()) {
         None => Some(Ok(ObjectInfo::from_meta(meta))),
-        Some(key) => key_problem(&key).map(|reason| Err(Skipped { key, reason })),
+        Some((key, reason)) => reason.map(|reason| Err(Skipped { key, reason })),
     }
 }
 
@@ -395,14 +395,11 @@ impl Store {
             }
         }
         for p in &res.common_prefixes {
-            match from_stand_in(p.as_ref()) {
+            match stood_in(p.as_ref()) {
                 None => listing.prefixes.push(format!("{p}/")),
-                Some(key) => {
-                    // A prefix as the server has it ends in `/`.
-                    if let Some(reason) = key_problem(&key) {
-                        listing.skipped.push(Skipped { key, reason });
-                    }
-                }
+                // A prefix as the server has it ends in `/`.
+                Some((key, Some(reason))) => listing.skipped.push(Skipped { key, reason }),
+                Some((_, None)) => {}
             }
         }
         Ok(listing)

@@ -40,12 +40,25 @@ pub struct ObjectInfo {
     pub last_modified_ms: i64,
 }
 
+/// An ETag in HTTP's form, quoted (`"abc"`, or `W/"abc"` when weak): S3's listings and
+/// GETs give it so, but a WebDAV server's `getetag` may be bare (`abc`) while its GET's
+/// `ETag` header is quoted, and the two must compare equal (and `If-Match` wants the
+/// quoted form).
+pub(crate) fn entity_tag(tag: &str) -> String {
+    let t = tag.trim();
+    if t.starts_with('"') || t.starts_with("W/\"") {
+        t.to_string()
+    } else {
+        format!("\"{t}\"")
+    }
+}
+
 impl ObjectInfo {
     pub(crate) fn from_meta(meta: &ObjectMeta) -> Self {
         ObjectInfo {
             key: meta.location.to_string(),
             size: meta.size,
-            etag: meta.e_tag.clone(),
+            etag: meta.e_tag.as_deref().map(entity_tag),
             version: meta.version.clone(),
             last_modified_ms: meta.last_modified.timestamp_millis(),
         }
