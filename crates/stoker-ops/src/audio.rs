@@ -49,7 +49,7 @@ pub use decode::{
 pub use resample::{Resample, ResampleKernel};
 pub use spectral::{
     complex_power, melscale_fbanks, AmplitudeToDb, MelNorm, MelScale, MelScaleKind, MelSpectrogram,
-    SType, Spectrogram, Stft,
+    SType, Spectrogram, Stft, DEFAULT_N_FFT, DEFAULT_N_MELS, DEFAULT_POWER,
 };
 
 /// A decoded clip: `samples` is `f32` `[channels, frames]`, `sample_rate` in Hz.

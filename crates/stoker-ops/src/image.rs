@@ -48,7 +48,7 @@ mod resize;
 mod rgbx;
 mod scratch;
 
-pub use color::{ColorJitter, GaussianBlur, Grayscale};
+pub use color::{ColorJitter, GaussianBlur, Grayscale, DEFAULT_BLUR_SIGMA};
 pub use convert::{ConvertDType, Layout, ToLayout, ToTensor};
 pub use decode::{
     decode_image, decode_image_charged, image_info, ColorMode, DecodeImage, ImageFormat, ImageInfo,

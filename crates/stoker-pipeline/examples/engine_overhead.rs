@@ -11,7 +11,7 @@
 //! (`a`, `b`), then for every combination of
 //!
 //! - `maps` k: a chain of k trivial per-sample operators, either `rename` (alternately
-//!   `Builtin::Rename` a->c and c->a) or `fn` (an `FnOp` closure adding 1 to field `b`);
+//!   `FieldOp::Rename` a->c and c->a) or `fn` (an `FnOp` closure adding 1 to field `b`);
 //!   k = 0 has no operator (its kind is `none`);
 //! - `batch`: without batching, or with `.batch(256, false)`;
 //! - `threads` t: `RunOptions::default().with_threads(t).with_autotune(false)`,
@@ -30,7 +30,7 @@
 use std::time::Instant;
 
 use stoker_core::{Error, OpMeta, Sample, Value};
-use stoker_pipeline::{Builtin, FnOp, Pipeline, RunOptions};
+use stoker_pipeline::{Builtin, FieldOp, FnOp, Pipeline, RunOptions};
 
 struct Args {
     samples: usize,
@@ -96,10 +96,10 @@ impl Case {
             p = match self.kind.as_str() {
                 "rename" => {
                     let (from, to) = if i % 2 == 0 { ("a", "c") } else { ("c", "a") };
-                    p.map(Builtin::Rename {
+                    p.map(Builtin::Fields(FieldOp::Rename {
                         from: from.into(),
                         to: to.into(),
-                    })
+                    }))
                 }
                 "fn" => p.map(FnOp::new(
                     OpMeta::new(format!("inc_b_{i}")),

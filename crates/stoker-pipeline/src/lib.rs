@@ -9,12 +9,12 @@
 //!
 //! ```
 //! use stoker_core::Sample;
-//! use stoker_pipeline::{Builtin, Pipeline};
+//! use stoker_pipeline::{Builtin, FieldOp, Pipeline};
 //!
 //! let samples: Vec<Sample> = (0..100i64).map(|i| [("x", i)].into_iter().collect()).collect();
 //! let p = Pipeline::from_samples(samples)
 //!     .shuffle_shards(true)
-//!     .map(Builtin::RandomInt { to: "noise".into(), below: 10 })
+//!     .map(Builtin::Fields(FieldOp::RandomInt { to: "noise".into(), below: 10 }))
 //!     .batch(32, false)
 //!     .seed(7);
 //! let mut run = p.run().unwrap();
@@ -29,11 +29,8 @@
 //! How it runs (threads, queues, ordering, memory, checkpoints) is described in the
 //! `exec` module; how shards are read in `source`; every random choice in `rng`.
 
-mod audio_ops;
-mod column_ops;
 mod exec;
 mod format;
-mod image_ops;
 mod ops;
 mod optimize;
 mod pack;
@@ -47,11 +44,11 @@ mod split;
 mod state;
 mod stats;
 
-pub use audio_ops::Rate;
-pub use column_ops::FillValue;
 pub use exec::{Item, Run};
-pub use image_ops::Size;
-pub use ops::{Builtin, FnOp, OpContext, SampleOp};
+pub use ops::{
+    AudioOp, Builtin, ColumnOp, FieldOp, FillValue, FnOp, ImageOp, OpContext, Rate, SampleOp, Size,
+    TextOp,
+};
 pub use optimize::explain;
 pub use pack::{Pack, PackRemainder};
 pub use plan::{

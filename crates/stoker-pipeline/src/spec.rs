@@ -436,6 +436,7 @@ impl PipelineSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::FieldOp;
     use crate::plan::FormatChoice;
 
     #[test]
@@ -524,7 +525,7 @@ mod tests {
         assert!(ro.share_store && ro.threads == 3);
         assert!(matches!(
             spec.ops[0],
-            OpSpec::Builtin(Builtin::DecodeUtf8 { .. })
+            OpSpec::Builtin(Builtin::Fields(FieldOp::DecodeUtf8 { .. }))
         ));
         let p = spec.build(StoreOptions::default()).unwrap();
         assert!(p.explain().contains("take(3)"));

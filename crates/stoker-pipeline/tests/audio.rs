@@ -8,7 +8,7 @@ use stoker_core::{DType, Sample, Tensor, Value};
 use stoker_ops::audio::{
     AmplitudeToDb, DecodeAudio, MelSpectrogram, Resample, SType, Spectrogram, Stft, TimeStretch,
 };
-use stoker_pipeline::{Builtin, Item, Pipeline, PipelineSpec, Rate, RunOptions};
+use stoker_pipeline::{AudioOp, Builtin, Item, Pipeline, PipelineSpec, Rate, RunOptions};
 
 const FILES: [&str; 5] = [
     "mp3_mono_44k1.mp3",
@@ -240,7 +240,7 @@ fn random_audio_ops_depend_on_the_seed_not_the_threads() {
 #[test]
 fn a_fixed_time_stretch_equals_the_kernel() {
     let p = clips(3)
-        .map(Builtin::DecodeAudio {
+        .map(Builtin::Audio(AudioOp::DecodeAudio {
             field: "audio".into(),
             mono: false,
             offset_s: None,
@@ -249,19 +249,19 @@ fn a_fixed_time_stretch_equals_the_kernel() {
             max_bad_packets: 0,
             allow_truncated: false,
             format: None,
-        })
-        .map(Builtin::Stft {
+        }))
+        .map(Builtin::Audio(AudioOp::Stft {
             field: "audio".into(),
             n_fft: Some(512),
             win_length: None,
             hop_length: Some(128),
             center: None,
-        })
-        .map(Builtin::TimeStretch {
+        }))
+        .map(Builtin::Audio(AudioOp::TimeStretch {
             field: "audio".into(),
             rate: Rate::Fixed(1.3),
             hop_length: Some(128),
-        });
+        }));
     for (i, s) in samples(&p).iter().enumerate() {
         let audio = DecodeAudio::default()
             .duration_s(Some(0.5))
@@ -284,7 +284,7 @@ fn bad_audio_names_the_operator_and_the_record() {
     let mut s = Sample::new();
     s.insert("__key__", "noise");
     s.insert("audio", Value::Bytes(vec![7u8; 4000].into()));
-    let p = Pipeline::from_samples(vec![s]).map(Builtin::DecodeAudio {
+    let p = Pipeline::from_samples(vec![s]).map(Builtin::Audio(AudioOp::DecodeAudio {
         field: "audio".into(),
         mono: false,
         offset_s: None,
@@ -293,7 +293,7 @@ fn bad_audio_names_the_operator_and_the_record() {
         max_bad_packets: 0,
         allow_truncated: false,
         format: None,
-    });
+    }));
     let msg = p.run().unwrap().next().unwrap().unwrap_err().to_string();
     assert!(msg.contains("decode_audio"), "{msg}");
     assert!(
@@ -306,7 +306,7 @@ fn bad_audio_names_the_operator_and_the_record() {
     let one = |allow: bool| {
         let mut s = Sample::new();
         s.insert("audio", Value::Bytes(flac.clone().into()));
-        Pipeline::from_samples(vec![s]).map(Builtin::DecodeAudio {
+        Pipeline::from_samples(vec![s]).map(Builtin::Audio(AudioOp::DecodeAudio {
             field: "audio".into(),
             mono: false,
             offset_s: None,
@@ -315,7 +315,7 @@ fn bad_audio_names_the_operator_and_the_record() {
             max_bad_packets: 0,
             allow_truncated: allow,
             format: None,
-        })
+        }))
     };
     let msg = one(false)
         .run()
@@ -333,12 +333,12 @@ fn bad_audio_names_the_operator_and_the_record() {
         "audio",
         Tensor::from_slice(vec![1, 1000], &[0.0f32; 1000]).unwrap(),
     );
-    let p = Pipeline::from_samples(vec![s]).map(Builtin::Resample {
+    let p = Pipeline::from_samples(vec![s]).map(Builtin::Audio(AudioOp::Resample {
         field: "audio".into(),
         rate: 8000,
         lowpass_filter_width: None,
         rolloff: None,
-    });
+    }));
     let msg = p.run().unwrap().next().unwrap().unwrap_err().to_string();
     assert!(msg.contains("audio_sample_rate"), "{msg}");
     // Arguments are checked before running.

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use stoker_core::{DType, Sample, Tensor, Value};
-use stoker_pipeline::{Builtin, FillValue, Item, Pipeline};
+use stoker_pipeline::{Builtin, ColumnOp, FillValue, Item, Pipeline, TextOp};
 
 fn tokenizer_path() -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -35,7 +35,7 @@ fn texts() -> Pipeline {
 }
 
 fn tokenize(pad_to: Option<usize>) -> Builtin {
-    Builtin::Tokenize {
+    Builtin::Text(TextOp::Tokenize {
         field: "text".into(),
         tokenizer: tokenizer_path(),
         max_length: Some(12),
@@ -48,7 +48,7 @@ fn tokenize(pad_to: Option<usize>) -> Builtin {
         ids_field: None,
         mask_field: None,
         dtype: None,
-    }
+    })
 }
 
 fn i64s(t: &Tensor) -> Vec<i64> {
@@ -126,25 +126,25 @@ fn table() -> Pipeline {
 }
 
 fn tabular_ops(p: Pipeline) -> Pipeline {
-    p.map(Builtin::FillNull {
+    p.map(Builtin::Columns(ColumnOp::FillNull {
         field: "x".into(),
         value: FillValue::Float(2.0),
-    })
-    .map(Builtin::Clip {
+    }))
+    .map(Builtin::Columns(ColumnOp::Clip {
         field: "x".into(),
         min: Some(0.0),
         max: Some(10.0),
-    })
-    .map(Builtin::Bucketize {
+    }))
+    .map(Builtin::Columns(ColumnOp::Bucketize {
         field: "x".into(),
         boundaries: vec![1.0, 5.0],
-    })
-    .map(Builtin::VocabLookup {
+    }))
+    .map(Builtin::Columns(ColumnOp::VocabLookup {
         field: "c".into(),
         vocab: Some(vec!["cat".into(), "dog".into()]),
         vocab_file: None,
         oov_index: None,
-    })
+    }))
 }
 
 #[test]
@@ -177,10 +177,10 @@ fn tabular_ops_per_sample_and_per_batch_agree() {
 
 #[test]
 fn a_null_names_the_operator_and_a_bad_argument_is_refused() {
-    let p = table().map(Builtin::Log1p {
+    let p = table().map(Builtin::Columns(ColumnOp::Log1p {
         field: "x".into(),
         negative: None,
-    });
+    }));
     let err = p
         .run()
         .unwrap()
@@ -188,14 +188,14 @@ fn a_null_names_the_operator_and_a_bad_argument_is_refused() {
         .expect("the null fails");
     let msg = err.to_string();
     assert!(msg.contains("log1p"), "{msg}");
-    let bad = Builtin::Standardize {
+    let bad = Builtin::Columns(ColumnOp::Standardize {
         field: "x".into(),
         mean: 0.0,
         std: 0.0,
-    };
+    });
     assert!(bad.validate().is_err());
     let mut missing = tokenize(None);
-    if let Builtin::Tokenize { tokenizer, .. } = &mut missing {
+    if let Builtin::Text(TextOp::Tokenize { tokenizer, .. }) = &mut missing {
         *tokenizer = "/nonexistent/tokenizer.json".into();
     }
     let msg = missing.validate().unwrap_err().to_string();

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use stoker_core::{DType, Sample, Tensor, Value};
-use stoker_pipeline::{Builtin, Item, Pipeline, PipelineSpec, RunOptions, Size};
+use stoker_pipeline::{Builtin, FieldOp, ImageOp, Item, Pipeline, PipelineSpec, RunOptions, Size};
 
 fn fixture(name: &str) -> Vec<u8> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -38,28 +38,28 @@ fn images(n: usize) -> Pipeline {
 }
 
 fn decode() -> Builtin {
-    Builtin::DecodeImage {
+    Builtin::Image(ImageOp::DecodeImage {
         field: "jpg".into(),
         mode: None,
         exif_orientation: false,
         max_pixels: None,
         allow_truncated: false,
-    }
+    })
 }
 
 fn rrc(n: usize) -> Builtin {
-    Builtin::RandomResizedCrop {
+    Builtin::Image(ImageOp::RandomResizedCrop {
         field: "jpg".into(),
         size: Size::Square(n),
         scale: None,
         ratio: None,
         interpolation: None,
         antialias: None,
-    }
+    })
 }
 
 fn to_tensor() -> Builtin {
-    Builtin::ImageToTensor {
+    Builtin::Image(ImageOp::ImageToTensor {
         field: "jpg".into(),
         normalize: Some("imagenet".into()),
         mean: None,
@@ -67,7 +67,7 @@ fn to_tensor() -> Builtin {
         dtype: None,
         layout: None,
         scale: true,
-    }
+    })
 }
 
 fn tensors(p: &Pipeline) -> Vec<Tensor> {
@@ -158,9 +158,9 @@ fn the_fused_decode_and_crop_picks_the_same_boxes() {
     let fused = images(14).map(decode()).map(rrc(48)).seed(9);
     let apart = images(14)
         .map(decode())
-        .map(Builtin::Select {
+        .map(Builtin::Fields(FieldOp::Select {
             fields: vec!["__key__".into(), "jpg".into(), "label".into()],
-        })
+        }))
         .map(rrc(48))
         .seed(9);
     assert!(fused.explain().contains("decode_image+random_resized_crop"));
@@ -168,7 +168,7 @@ fn the_fused_decode_and_crop_picks_the_same_boxes() {
     // The select has index 1, so the crop is op 2 there and op 1 here: give the fused
     // pipeline the same index by a no-op in front.
     let fused = images(14)
-        .map(Builtin::Drop { fields: vec![] })
+        .map(Builtin::Fields(FieldOp::Drop { fields: vec![] }))
         .map(decode())
         .map(rrc(48))
         .seed(9);
@@ -194,11 +194,11 @@ fn the_fused_decode_and_crop_picks_the_same_boxes() {
 }
 
 fn flip() -> Builtin {
-    Builtin::RandomFlip {
+    Builtin::Image(ImageOp::RandomFlip {
         field: "jpg".into(),
         vertical: false,
         p: 0.5,
-    }
+    })
 }
 
 #[test]
@@ -221,7 +221,7 @@ fn the_fused_chain_with_flip_and_to_tensor_gives_the_unfused_results() {
         .map(decode())
         .map(rrc(40))
         .map(flip())
-        .map(Builtin::Drop { fields: vec![] })
+        .map(Builtin::Fields(FieldOp::Drop { fields: vec![] }))
         .map(to_tensor())
         .seed(3);
     assert!(three
@@ -233,16 +233,16 @@ fn the_fused_chain_with_flip_and_to_tensor_gives_the_unfused_results() {
     // below: the same boxes and the same flips, pixels within DCT-scaling differences.
     let apart = images(21)
         .map(decode())
-        .map(Builtin::Select {
+        .map(Builtin::Fields(FieldOp::Select {
             fields: vec!["__key__".into(), "jpg".into(), "label".into()],
-        })
+        }))
         .map(rrc(40))
         .map(flip())
         .map(to_tensor())
         .seed(3);
     assert!(!apart.explain().contains("+"));
     let fused = images(21)
-        .map(Builtin::Drop { fields: vec![] })
+        .map(Builtin::Fields(FieldOp::Drop { fields: vec![] }))
         .map(decode())
         .map(rrc(40))
         .map(flip())
@@ -285,11 +285,11 @@ fn image_pipelines_do_not_depend_on_the_number_of_threads() {
         images(20)
             .map(decode())
             .map(rrc(24))
-            .map(Builtin::RandomFlip {
+            .map(Builtin::Image(ImageOp::RandomFlip {
                 field: "jpg".into(),
                 vertical: false,
                 p: 0.5,
-            })
+            }))
             .map(to_tensor())
             .seed(5)
             .options(RunOptions::default().with_threads(threads))
@@ -375,7 +375,7 @@ fn batches_stacked_in_the_kernels_slots_equal_batches_stacked_by_copy() {
         };
         let (slotted, st) = items(None);
         // A no-op after the kernel: the batch stage copies every sample.
-        let (copied, st2) = items(Some(Builtin::Drop { fields: vec![] }));
+        let (copied, st2) = items(Some(Builtin::Fields(FieldOp::Drop { fields: vec![] })));
         assert_eq!(slotted, copied, "{n} samples, every {bad_every} bad");
         let rows: usize = slotted.iter().map(Item::samples).sum();
         let bad = n.checked_div(bad_every).unwrap_or(0);
@@ -415,19 +415,19 @@ fn an_unfused_to_tensor_before_the_batch_writes_into_its_slots_too() {
     let p = |slotted: bool| {
         let mut p = Pipeline::from_samples(samples(40, 0))
             .map(decode())
-            .map(Builtin::Resize {
+            .map(Builtin::Image(ImageOp::Resize {
                 field: "jpg".into(),
                 size: Size::Square(110),
                 interpolation: None,
                 antialias: None,
-            })
-            .map(Builtin::CenterCrop {
+            }))
+            .map(Builtin::Image(ImageOp::CenterCrop {
                 field: "jpg".into(),
                 size: Size::Square(96),
-            })
+            }))
             .map(to_tensor());
         if !slotted {
-            p = p.map(Builtin::Drop { fields: vec![] });
+            p = p.map(Builtin::Fields(FieldOp::Drop { fields: vec![] }));
         }
         p.batch(8, false)
             .options(RunOptions::default().with_threads(2))

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use stoker_core::{OpMeta, Sample};
-use stoker_pipeline::{Builtin, FnOp, Pipeline};
+use stoker_pipeline::{Builtin, FieldOp, FnOp, Pipeline};
 
 fn pipeline() -> Pipeline {
     let samples: Vec<Sample> = (0..500i64)
@@ -13,10 +13,10 @@ fn pipeline() -> Pipeline {
         .collect();
     Pipeline::from_samples(samples)
         .shuffle_shards(true)
-        .map(Builtin::RandomInt {
+        .map(Builtin::Fields(FieldOp::RandomInt {
             to: "r".into(),
             below: 100,
-        })
+        }))
         // One slow sample: the output runs dry while it is worked on, so some polls
         // certainly come back empty.
         .map(FnOp::new(OpMeta::new("slow_250"), |s: Sample, _| {

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use stoker_core::{Error, ErrorKind, Sample, Value};
-use stoker_pipeline::{Builtin, ErrorPolicy, Pipeline, RunOptions, Size};
+use stoker_pipeline::{Builtin, ErrorPolicy, ImageOp, Pipeline, RunOptions, Size};
 
 const MIB: u64 = 1 << 20;
 
@@ -94,31 +94,31 @@ fn sample(key: &str, img: Vec<u8>) -> Sample {
 }
 
 fn decode() -> Builtin {
-    Builtin::DecodeImage {
+    Builtin::Image(ImageOp::DecodeImage {
         field: "img".into(),
         mode: None,
         exif_orientation: false,
         max_pixels: None,
         allow_truncated: false,
-    }
+    })
 }
 
 fn center_crop(n: usize) -> Builtin {
-    Builtin::CenterCrop {
+    Builtin::Image(ImageOp::CenterCrop {
         field: "img".into(),
         size: Size::Square(n),
-    }
+    })
 }
 
 fn rrc(n: usize) -> Builtin {
-    Builtin::RandomResizedCrop {
+    Builtin::Image(ImageOp::RandomResizedCrop {
         field: "img".into(),
         size: Size::Square(n),
         scale: None,
         ratio: None,
         interpolation: None,
         antialias: None,
-    }
+    })
 }
 
 fn options(limit: u64, threads: usize) -> RunOptions {

@@ -10,7 +10,8 @@ use proptest::prelude::*;
 use stoker_core::{Collate, CollatePolicy, Error, OpMeta, Sample, Tensor, Value};
 use stoker_pipeline::spec::OpSpec;
 use stoker_pipeline::{
-    Builtin, ErrorPolicy, FnOp, Item, Pack, PackRemainder, Pipeline, PipelineState, RunOptions,
+    Builtin, ErrorPolicy, FieldOp, FnOp, Item, Pack, PackRemainder, Pipeline, PipelineState,
+    RunOptions,
 };
 
 /// What one packed block should be, computed without the packer.
@@ -615,10 +616,10 @@ fn build(s: &Shape) -> Pipeline {
         });
     p = p.pack(pack);
     if s.random_after {
-        p = p.map(Builtin::RandomInt {
+        p = p.map(Builtin::Fields(FieldOp::RandomInt {
             to: "r".into(),
             below: 1000,
-        });
+        }));
     }
     match s.between {
         Some((true, n)) => p = p.take(n),

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use stoker_core::{Batch, Error, OpMeta, Sample, Value};
 use stoker_pipeline::{
-    Builtin, FnOp, Item, ItemPos, OpContext, Pipeline, PipelineState, RankPolicy, RunOptions,
-    SampleOp, StageState,
+    Builtin, ColumnOp, FieldOp, FnOp, Item, ItemPos, OpContext, Pipeline, PipelineState,
+    RankPolicy, RunOptions, SampleOp, StageState,
 };
 
 #[derive(Debug, Clone)]
@@ -55,19 +55,19 @@ fn build(s: &Shape) -> Pipeline {
         };
         p = p.shard_by_rank(rank % world, world, policy);
     }
-    p = p.map(Builtin::RandomInt {
+    p = p.map(Builtin::Fields(FieldOp::RandomInt {
         to: "r".into(),
         below: 1000,
-    });
+    }));
     if let Some(n) = s.unbatch {
         p = p
             .batch(n, false)
             .map(clip())
             .unbatch()
-            .map(Builtin::RandomInt {
+            .map(Builtin::Fields(FieldOp::RandomInt {
                 to: "r2".into(),
                 below: 1000,
-            });
+            }));
     }
     if let Some(b) = s.buffer {
         p = p.shuffle(b);
@@ -143,20 +143,20 @@ fn thin() -> FnOp {
 
 /// Column-wise on batches, after the last batch.
 fn clip_r2() -> Builtin {
-    Builtin::Clip {
+    Builtin::Columns(ColumnOp::Clip {
         field: "r".into(),
         min: Some(200.0),
         max: Some(800.0),
-    }
+    })
 }
 
 /// An operator that works on whole batches (column-wise).
 fn clip() -> Builtin {
-    Builtin::Clip {
+    Builtin::Columns(ColumnOp::Clip {
         field: "r".into(),
         min: Some(100.0),
         max: Some(900.0),
-    }
+    })
 }
 
 fn shape() -> impl Strategy<Value = Shape> {
@@ -303,10 +303,10 @@ fn with_threads(p: Pipeline, threads: usize) -> Pipeline {
 }
 
 fn random_int(to: &str) -> Builtin {
-    Builtin::RandomInt {
+    Builtin::Fields(FieldOp::RandomInt {
         to: to.into(),
         below: 1000,
-    }
+    })
 }
 
 #[test]

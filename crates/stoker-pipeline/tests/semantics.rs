@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use stoker_core::{OpMeta, Value};
-use stoker_pipeline::{Builtin, ErrorPolicy, FnOp, Item, RankPolicy, RunOptions};
+use stoker_pipeline::{Builtin, ErrorPolicy, FieldOp, FnOp, Item, RankPolicy, RunOptions};
 
 /// An operator that takes a while, so several workers overlap and finish out of order.
 fn jittery() -> FnOp {
@@ -25,10 +25,10 @@ fn output_does_not_depend_on_the_number_of_workers() {
             .interleave(3)
             .shuffle_shards(true)
             .map(jittery())
-            .map(Builtin::RandomInt {
+            .map(Builtin::Fields(FieldOp::RandomInt {
                 to: "r".into(),
                 below: 1_000_000,
-            })
+            }))
             .shuffle(17)
             .batch(8, false)
             .seed(3)
@@ -100,10 +100,10 @@ fn runs_from_a_first_epoch_read_what_one_longer_run_reads() {
     let p = shards()
         .interleave(2)
         .shuffle_shards(true)
-        .map(Builtin::RandomInt {
+        .map(Builtin::Fields(FieldOp::RandomInt {
             to: "r".into(),
             below: 1_000_000,
-        })
+        }))
         .shuffle(30)
         .seed(4);
     let items = |p: &stoker_pipeline::Pipeline| -> Vec<Item> {
@@ -315,11 +315,11 @@ fn errors_are_raised_with_their_place_by_default() {
 
 #[test]
 fn an_operator_error_names_the_operator_and_the_sample() {
-    let p = files().map(Builtin::ToTensor {
+    let p = files().map(Builtin::Fields(FieldOp::ToTensor {
         field: "txt".into(),
         dtype: "int32".into(),
         shape: Some(vec![2]),
-    });
+    }));
     let e = p.run().unwrap().find_map(Result::err).unwrap().to_string();
     assert!(
         e.contains("to_tensor(txt)") && e.contains("s3://pipe/files/000.txt"),
@@ -337,14 +337,14 @@ fn an_operator_error_names_the_operator_and_the_sample() {
 #[test]
 fn stats_name_every_stage_and_count_items() {
     let mut run = files()
-        .map(Builtin::DecodeUtf8 {
+        .map(Builtin::Fields(FieldOp::DecodeUtf8 {
             field: "txt".into(),
-        })
-        .map(Builtin::FilterLen {
+        }))
+        .map(Builtin::Fields(FieldOp::FilterLen {
             field: "txt".into(),
             min: Some(7),
             max: None,
-        })
+        }))
         .batch(5, false)
         .run()
         .unwrap();
@@ -372,20 +372,20 @@ fn stats_name_every_stage_and_count_items() {
 #[test]
 fn the_optimizer_fuses_maps_and_moves_them_past_a_shuffle() {
     let p = memory(10)
-        .map(Builtin::Len {
+        .map(Builtin::Fields(FieldOp::Len {
             field: "x".into(),
             to: "n".into(),
-        })
+        }))
         .shuffle(4)
-        .map(Builtin::RandomInt {
+        .map(Builtin::Fields(FieldOp::RandomInt {
             to: "r".into(),
             below: 9,
-        })
-        .map(Builtin::FilterLen {
+        }))
+        .map(Builtin::Fields(FieldOp::FilterLen {
             field: "x".into(),
             min: Some(1),
             max: None,
-        })
+        }))
         .batch(2, false);
     let plan = p.explain();
     assert!(
@@ -438,10 +438,10 @@ fn a_disk_cache_changes_speed_not_results_and_serves_later_runs() {
         let dir = tempfile::tempdir().unwrap();
         let p = p
             .shuffle_shards(true)
-            .map(Builtin::RandomInt {
+            .map(Builtin::Fields(FieldOp::RandomInt {
                 to: "r".into(),
                 below: 1_000_000,
-            })
+            }))
             .shuffle(10)
             .seed(4);
         let plain: Vec<Item> = p
@@ -578,10 +578,10 @@ fn a_cache_changes_speed_not_results() {
     for (name, p) in [("shards", shards().interleave(2)), ("files", files())] {
         let p = p
             .shuffle_shards(true)
-            .map(Builtin::RandomInt {
+            .map(Builtin::Fields(FieldOp::RandomInt {
                 to: "r".into(),
                 below: 1_000_000,
-            })
+            }))
             .shuffle(10)
             .epochs(Some(3))
             .seed(4);
@@ -649,10 +649,10 @@ fn uncached_store(what: &str) -> (stoker_pipeline::Pipeline, u64) {
     )
     .interleave(2)
     .shuffle_shards(true)
-    .map(Builtin::RandomInt {
+    .map(Builtin::Fields(FieldOp::RandomInt {
         to: "r".into(),
         below: 1_000_000,
-    })
+    }))
     .shuffle(10)
     .seed(9)
     .epochs(Some(3));

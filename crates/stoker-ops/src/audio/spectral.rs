@@ -15,6 +15,18 @@ thread_local! {
     static PLANNER: RefCell<RealFftPlanner<f32>> = RefCell::new(RealFftPlanner::new());
 }
 
+/// torchaudio's default FFT size (`n_fft`) of its STFT, spectrogram and mel spectrogram
+/// transforms: what [`Stft::default`], [`Spectrogram::default`] and
+/// [`MelSpectrogram::default`] use.
+pub const DEFAULT_N_FFT: usize = 400;
+
+/// torchaudio's default exponent of a spectrogram's magnitude (2: power), also
+/// [`complex_power`]'s usual one.
+pub const DEFAULT_POWER: f32 = 2.0;
+
+/// torchaudio's default number of mel bands ([`MelScale::default`]).
+pub const DEFAULT_N_MELS: usize = 128;
+
 fn plan(n_fft: usize) -> Arc<dyn RealToComplex<f32>> {
     PLANNER.with(|p| p.borrow_mut().plan_fft_forward(n_fft))
 }
@@ -38,6 +50,14 @@ pub struct Stft {
     pub hop_length: Option<usize>,
     /// Reflect-pad by `n_fft / 2` so that frame `t` is centred on sample `t * hop`.
     pub center: bool,
+}
+
+impl Default for Stft {
+    /// torchaudio's defaults: [`DEFAULT_N_FFT`], the window as long as the FFT, a hop of
+    /// half a window, centred.
+    fn default() -> Stft {
+        Stft::new(DEFAULT_N_FFT)
+    }
 }
 
 impl Stft {
@@ -190,12 +210,19 @@ pub struct Spectrogram {
     pub power: f32,
 }
 
+impl Default for Spectrogram {
+    /// torchaudio's defaults: a power spectrogram of size [`DEFAULT_N_FFT`].
+    fn default() -> Spectrogram {
+        Spectrogram::new(DEFAULT_N_FFT)
+    }
+}
+
 impl Spectrogram {
     /// A power spectrogram of size `n_fft` with torchaudio's defaults.
     pub fn new(n_fft: usize) -> Spectrogram {
         Spectrogram {
             stft: Stft::new(n_fft),
-            power: 2.0,
+            power: DEFAULT_POWER,
         }
     }
     /// Sets the window length.
@@ -423,7 +450,7 @@ pub struct MelScale {
 impl Default for MelScale {
     fn default() -> MelScale {
         MelScale {
-            n_mels: 128,
+            n_mels: DEFAULT_N_MELS,
             f_min: 0.0,
             f_max: None,
             norm: MelNorm::None,
@@ -536,6 +563,14 @@ pub struct MelSpectrogram {
     pub spectrogram: Spectrogram,
     /// The mel projection.
     pub mel: MelScale,
+}
+
+impl Default for MelSpectrogram {
+    /// torchaudio's defaults: [`DEFAULT_N_MELS`] bands over a power spectrogram of size
+    /// [`DEFAULT_N_FFT`].
+    fn default() -> MelSpectrogram {
+        MelSpectrogram::new(DEFAULT_N_FFT, DEFAULT_N_MELS)
+    }
 }
 
 impl MelSpectrogram {

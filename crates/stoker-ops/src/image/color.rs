@@ -288,6 +288,9 @@ impl ColorJitter {
     }
 }
 
+/// torchvision's default sigma range of [`GaussianBlur`] (`sigma=(0.1, 2.0)`).
+pub const DEFAULT_BLUR_SIGMA: (f32, f32) = (0.1, 2.0);
+
 /// torchvision's `GaussianBlur`: sigma drawn uniformly from `sigma`, a normalised 1-D
 /// kernel of `kernel_size` taps (odd) at positions `-(k-1)/2 ..= (k-1)/2`, reflect
 /// padding, single-precision convolution (rows then columns), rounded to u8.
@@ -298,7 +301,7 @@ pub struct GaussianBlur {
     pub kernel_x: usize,
     /// Kernel size along y (odd, positive).
     pub kernel_y: usize,
-    /// Sigma range (torchvision's default 0.1..2.0).
+    /// Sigma range (torchvision's default [`DEFAULT_BLUR_SIGMA`], 0.1..2.0).
     pub sigma: (f32, f32),
 }
 

@@ -1,6 +1,6 @@
 //! Fusion: adjacent operators that have one fused kernel run as it (today: decode, then a
 //! random resized crop of the same field, with the flip and the float conversion after it,
-//! as one region-decoding kernel; see `image_ops::fuse`). The fused operator draws from the
+//! as one region-decoding kernel; see `ops::image::fuse`). The fused operator draws from the
 //! same generators as the operators it replaces, so results do not change.
 
 use super::Physical;
@@ -23,7 +23,7 @@ pub(crate) fn fuse(mut ph: Physical) -> Physical {
 /// Replaces runs of adjacent operators that have a fused kernel (a decode then a random
 /// resized crop of the same field, with the flip and float conversion after it) by it. The
 /// fused operator draws from the same generators as the operators it replaces (see
-/// `image_ops::fuse`), so results do not change.
+/// `ops::image::fuse`), so results do not change.
 fn fuse_kernels(
     ops: Vec<(usize, Arc<dyn SampleOp>)>,
     explain: &mut Vec<String>,
@@ -31,7 +31,7 @@ fn fuse_kernels(
     let mut out: Vec<(usize, Arc<dyn SampleOp>)> = Vec::with_capacity(ops.len());
     let mut k = 0;
     while k < ops.len() {
-        match crate::image_ops::fuse(&ops[k..]) {
+        match crate::ops::fuse(&ops[k..]) {
             Some((n, index, fused)) => {
                 let names: Vec<String> =
                     ops[k..k + n].iter().map(|(_, op)| op.meta().name).collect();

@@ -3,7 +3,7 @@
 //! exactly what the row path gives.
 
 use super::{Physical, TailOp};
-use crate::ops::Builtin;
+use crate::ops::{Builtin, FieldOp};
 use crate::plan::{FormatChoice, Pipeline};
 use crate::source::Columnar;
 use std::sync::Arc;
@@ -46,7 +46,9 @@ pub(crate) fn read_path(p: &Pipeline, ph: &Physical) -> ReadPath {
     } else if let Some((_, op)) = ph.producer.iter().find(|(_, op)| {
         !matches!(
             op.as_builtin(),
-            Some(Builtin::Rename { .. } | Builtin::Select { .. } | Builtin::Drop { .. })
+            Some(Builtin::Fields(
+                FieldOp::Rename { .. } | FieldOp::Select { .. } | FieldOp::Drop { .. }
+            ))
         )
     }) {
         Some(format!(
