@@ -1300,16 +1300,31 @@ fn a_stale_mount_point_says_how_to_fix_it() {
     // watcher is the daemon's child; it must be dead before the daemon dies, or it would
     // unmount (and a mount started on the then plain directory would run for ever).
     let daemon = m.pid() as i32;
-    let watchers: Vec<i32> = pids_with(&["stoker-mount-watcher"])
-        .into_iter()
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|st| {
-                st.lines()
-                    .any(|l| l.split_whitespace().eq(["PPid:", &daemon.to_string()]))
+    let children_watching = || -> Vec<i32> {
+        pids_with(&["stoker-mount-watcher"])
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|st| {
+                    st.lines()
+                        .any(|l| l.split_whitespace().eq(["PPid:", &daemon.to_string()]))
+                })
             })
-        })
-        .collect();
-    assert_eq!(watchers.len(), 1, "the daemon's watcher: {watchers:?}");
+            .collect()
+    };
+    // A listing of /proc can miss a process while others start and exit (the tests beside
+    // this one start and stop mounts): look again before concluding it is not there.
+    let mut watchers = children_watching();
+    let end = Instant::now() + Duration::from_secs(5);
+    while watchers.len() != 1 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+        watchers = children_watching();
+    }
+    assert_eq!(
+        watchers.len(),
+        1,
+        "the daemon's watcher: {watchers:?}; every watcher: {:?}",
+        pids_with(&["stoker-mount-watcher"])
+    );
     signal(watchers[0] as u32, libc::SIGKILL);
     let end = Instant::now() + Duration::from_secs(20);
     while !is_dead(watchers[0]) {
