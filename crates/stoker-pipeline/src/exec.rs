@@ -234,8 +234,6 @@ impl Run {
             runtime,
             opened,
             budget,
-            memory_limit,
-            single_pass,
         } = Resources::resolve(p)?;
         if let Some(s) = &state {
             s.check_epoch(p.first_epoch)?;
@@ -245,12 +243,8 @@ impl Run {
             &p.format,
             runtime.handle(),
             Some(budget.clone()),
-            crate::source::ResolveOptions {
-                memory_limit,
-                single_pass,
-                // The disk cache tells a changed object by its version.
-                look_up_keys: p.cache_dir.is_some(),
-            },
+            // The disk cache tells a changed object by its version.
+            p.cache_dir.is_some(),
             opened,
         )?;
         // `auto` is decided now that the objects are listed: the plan below sees the format.

@@ -281,57 +281,42 @@ pub(crate) fn io_runtime() -> Result<tokio::runtime::Runtime, Error> {
         .map_err(|e| Error::invalid(format!("cannot start the I/O runtime: {e}")))
 }
 
-/// The store options a run opens a URL source's store with: the source's, with the run's
-/// memory limit, and without a memory block cache for a run that reads its data once
-/// (`single_pass`: one epoch, in a store of its own) unless the options set
-/// `cache_memory`: nothing would be read twice, and every block kept would be memory taken
-/// from the budget for nothing.
-pub(crate) fn url_store_options(
+/// Opens the store a run (or a count of records) reads a URL source through, drawing on
+/// `budget`, the run's memory budget (the memory limit is the budget's: it is not given to
+/// the store again). A run that reads its data once (`single_pass`: one epoch, in a store
+/// of its own) gets no memory block cache unless the options set `cache_memory`: nothing
+/// would be read twice, and every block kept would be memory taken from the budget for
+/// nothing. Returns the store and the key the URL names in it.
+pub(crate) fn open_url_store(
+    url: &str,
     options: &StoreOptions,
-    memory_limit: Option<u64>,
+    budget: &stoker_core::MemoryBudget,
     single_pass: bool,
-) -> StoreOptions {
+) -> Result<(Store, String), Error> {
     let mut options = options.clone();
-    if let Some(l) = memory_limit {
-        options = options.with_memory_limit(l);
-    }
     if single_pass && options.cache_memory.is_none() {
         options = options.with_cache_memory(0);
     }
-    options
-}
-
-/// How [`Dataset::resolve`] opens and lists a URL source.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct ResolveOptions {
-    /// The run's memory limit, for a store of its own.
-    pub memory_limit: Option<u64>,
-    /// The run reads its data once (see [`url_store_options`]).
-    pub single_pass: bool,
-    /// Look a list of keys up first (for the versions a disk cache needs).
-    pub look_up_keys: bool,
+    let store = Store::open_with_budget(url, options, budget.clone()).map_err(Error::from)?;
+    let key = store.url_key().to_string();
+    Ok((store, key))
 }
 
 impl Dataset {
-    /// Lists the source and picks the format. A URL source is read through `opened` (a
-    /// shared store and the key the URL names in it) when given, else through a store of
-    /// its own opened with [`url_store_options`]. A store given by the caller
-    /// (`Source::Keys`) is used as it is. A URL source's list of keys is looked up first
-    /// (HEAD, many at once) when `look_up_keys`, for the versions a disk cache needs;
-    /// else each object's size is asked for when a reader needs it.
+    /// Lists the source and picks the format. A URL source is read through `opened`, the
+    /// store the run opened for it ([`open_url_store`], or a shared one) and the key the URL
+    /// names in it. A store given by the caller (`Source::Keys`) is used as it is. A URL
+    /// source's list of keys is looked up first (HEAD, many at once) when `look_up_keys`,
+    /// for the versions a disk cache needs; else each object's size is asked for when a
+    /// reader needs it.
     pub(crate) fn resolve(
         source: &Source,
         format: &FormatChoice,
         runtime: &tokio::runtime::Handle,
         budget: Option<stoker_core::MemoryBudget>,
-        how: ResolveOptions,
+        look_up_keys: bool,
         opened: Option<(Store, String)>,
     ) -> Result<Dataset, Error> {
-        let ResolveOptions {
-            memory_limit,
-            single_pass,
-            look_up_keys,
-        } = how;
         let storage = Error::from;
         let mut baseline = None;
         let (store, infos, memory, prefix) = match source {
@@ -343,23 +328,13 @@ impl Dataset {
             }
             Source::Url {
                 url,
-                options,
+                options: _,
                 glob,
                 keys,
             } => {
-                let (store, key) = match opened {
-                    Some(o) => o,
-                    None => {
-                        let options = url_store_options(options, memory_limit, single_pass);
-                        let store = match budget.clone() {
-                            Some(b) => Store::open_with_budget(url, options, b),
-                            None => Store::open(url, options),
-                        }
-                        .map_err(storage)?;
-                        let key = store.url_key().to_string();
-                        (store, key)
-                    }
-                };
+                let (store, key) = opened.ok_or_else(|| {
+                    Error::invalid(format!("internal: no store was opened for {url}"))
+                })?;
                 baseline = Some(store.metrics());
                 let mut lo = ListOptions::default();
                 if let Some(g) = glob {

@@ -57,17 +57,17 @@ pub(super) fn budget_full(limit: u64, wait: Duration, n: u64) -> String {
 pub(super) type Charging<'a> = (&'a MemoryBudget, Duration);
 
 /// What a run runs on, resolved once when it starts and handed down: its I/O runtime, the
-/// store it shares with other runs (when it does), and the memory budget every part of the
-/// run charges (a shared store's own, whose cached blocks count against it).
+/// memory budget every part of the run charges, and the store a URL source is read
+/// through. The memory limit (the run's, else its store options') enters here and only
+/// here: it sizes the budget, and the store draws on that budget (a shared store brings its
+/// own budget, sized by the same limit when the store was first opened, and its cached
+/// blocks count against it).
 pub(super) struct Resources {
     pub(super) runtime: RunRuntime,
-    /// The shared store and its key, with `share_store`.
+    /// The store a URL source is read through and the key the URL names in it (`None` for
+    /// other sources).
     pub(super) opened: Option<(stoker_store::Store, String)>,
     pub(super) budget: MemoryBudget,
-    /// The limit the run was given (`None`: a quarter of the machine's memory).
-    pub(super) memory_limit: Option<u64>,
-    /// The run reads its data once: a memory block cache is of no use to it.
-    pub(super) single_pass: bool,
 }
 
 impl Resources {
@@ -76,32 +76,42 @@ impl Resources {
         // A run that reads its data once has no use for a memory block cache, unless it
         // shares its store with the runs that follow it.
         let single_pass = p.epochs.is_some_and(|e| e <= 1) && !p.options.share_store;
-        // A shared store brings its runtime (its connections live there) and its budget (its
-        // cached blocks count against it).
-        let (runtime, opened) = match &p.source {
+        let no_runtime =
+            |e: std::io::Error| Error::invalid(format!("cannot start the I/O runtime: {e}"));
+        match &p.source {
+            // A shared store brings its runtime (its connections live there) and its budget.
             Source::Url { url, options, .. } if p.options.share_store => {
-                let options = crate::source::url_store_options(options, memory_limit, single_pass);
+                let options = options.as_ref().clone();
+                let options = match memory_limit {
+                    Some(l) => options.with_memory_limit(l),
+                    None => options,
+                };
                 let opened = crate::shared::shared_store(url, &options).map_err(Error::from)?;
-                (
-                    RunRuntime::Shared(crate::shared::shared_runtime().map_err(|e| {
-                        Error::invalid(format!("cannot start the I/O runtime: {e}"))
-                    })?),
-                    Some(opened),
-                )
+                Ok(Resources {
+                    runtime: RunRuntime::Shared(
+                        crate::shared::shared_runtime().map_err(no_runtime)?,
+                    ),
+                    budget: opened.0.budget().clone(),
+                    opened: Some(opened),
+                })
             }
-            _ => (RunRuntime::Own(io_runtime()?), None),
-        };
-        let budget = match (&opened, memory_limit) {
-            (Some((store, _)), _) => store.budget().clone(),
-            (None, Some(l)) => MemoryBudget::new(l),
-            (None, None) => MemoryBudget::from_system(),
-        };
-        Ok(Resources {
-            runtime,
-            opened,
-            budget,
-            memory_limit,
-            single_pass,
-        })
+            source => {
+                let budget = memory_limit.map_or_else(MemoryBudget::from_system, MemoryBudget::new);
+                let opened = match source {
+                    Source::Url { url, options, .. } => Some(crate::source::open_url_store(
+                        url,
+                        options,
+                        &budget,
+                        single_pass,
+                    )?),
+                    _ => None,
+                };
+                Ok(Resources {
+                    runtime: RunRuntime::Own(io_runtime()?),
+                    opened,
+                    budget,
+                })
+            }
+        }
     }
 }

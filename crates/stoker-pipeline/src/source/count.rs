@@ -175,17 +175,23 @@ impl crate::Pipeline {
     /// index, which `stoker index` writes. One-sample-per-object formats count 1 each.
     pub fn count_records(&self) -> Result<Vec<(String, u64)>, Error> {
         let runtime = crate::source::io_runtime()?;
+        let budget = self.memory_limit().map_or_else(
+            stoker_core::MemoryBudget::from_system,
+            stoker_core::MemoryBudget::new,
+        );
+        let opened = match &self.source {
+            crate::plan::Source::Url { url, options, .. } => {
+                Some(crate::source::open_url_store(url, options, &budget, true)?)
+            }
+            _ => None,
+        };
         let ds = Dataset::resolve(
             &self.source,
             &self.format,
             runtime.handle(),
-            None,
-            crate::source::ResolveOptions {
-                memory_limit: self.memory_limit(),
-                single_pass: true,
-                look_up_keys: false,
-            },
-            None,
+            Some(budget),
+            false,
+            opened,
         )?;
         let counts = if ds.per_object {
             vec![1; ds.shards.len()]
