@@ -11,9 +11,6 @@
 
 use std::collections::HashMap;
 use std::hash::Hasher;
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +19,9 @@ use stoker_core::Value;
 use stoker_pipeline::{FormatChoice, Item, Pipeline, RunOptions};
 use stoker_store::StoreOptions;
 use stoker_testserver::{Chaos, FaultCounts, FaultKind, ServerOptions, TestServer};
+
+mod common;
+use common::mounted::Mounted;
 
 const BUCKET: &str = "chaos";
 const KIB: usize = 1 << 10;
@@ -315,7 +315,7 @@ fn mount_reads_every_file_byte_exact(s: &TestServer, want: &HashMap<String, (u64
     let before = s.faults().counts();
     let requests_before = s.requests();
     let start = Instant::now();
-    let m = Mounted::start(s, &format!("s3://{BUCKET}/"));
+    let m = Mounted::start(s, &format!("s3://{BUCKET}/"), &[]);
     let dir = m.path().join("d");
     let want_owned = want.clone();
     let (mismatches, read) = within(Duration::from_secs(300), move || {
@@ -351,76 +351,6 @@ fn mount_reads_every_file_byte_exact(s: &TestServer, want: &HashMap<String, (u64
     );
     assert!(mismatches.is_empty(), "through the mount: {mismatches:?}");
     drop(m);
-}
-
-/// A `stoker mount --foreground` process and its mount point.
-struct Mounted {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-}
-
-impl Mounted {
-    fn start(s: &TestServer, url: &str) -> Mounted {
-        let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_stoker"))
-            .env("AWS_ACCESS_KEY_ID", s.access_key())
-            .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
-            .env("AWS_REGION", s.region())
-            .env("AWS_ENDPOINT_URL", s.endpoint())
-            .args(["mount", url])
-            .arg(dir.path())
-            .args(["--foreground", "--part-size", "1MiB"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_default();
-        assert!(
-            line.starts_with("stoker: mounted "),
-            "mount did not come up: {line:?} (exit: {:?})",
-            child.try_wait()
-        );
-        Mounted {
-            child: Some(child),
-            dir,
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) with a pid we started and a valid signal number.
-            unsafe {
-                libc::kill(c.id() as i32, libc::SIGTERM);
-            }
-            let end = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < end && c.try_wait().ok().flatten().is_none() {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if c.try_wait().ok().flatten().is_none() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-        let _ = Command::new("fusermount3")
-            .args(["-u", "-z"])
-            .arg(self.dir.path())
-            .stderr(Stdio::null())
-            .status();
-    }
 }
 
 /// Runs `f` on its own thread; fails the test if it takes longer than `t` (a hung mount

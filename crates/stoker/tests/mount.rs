@@ -9,14 +9,17 @@
 //! STOKER_SKIP_FUSE_TESTS=1 to run the rest of the suite on a machine that has no FUSE (CI
 //! does not set it).
 
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use stoker_testserver::{Fault, FaultRule, ServerOptions, TestServer};
+
+mod common;
+use common::mounted::{is_mounted, signal, stoker_process as stoker, wait_timeout, Mounted};
 
 const BUCKET: &str = "mnt";
 const MIB: usize = 1 << 20;
@@ -66,16 +69,6 @@ fn server() -> TestServer {
     server_with(Duration::from_millis(1))
 }
 
-/// The `stoker` binary with the server's endpoint and credentials in its environment.
-fn stoker(s: &TestServer) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_stoker"));
-    c.env("AWS_ACCESS_KEY_ID", s.access_key())
-        .env("AWS_SECRET_ACCESS_KEY", s.secret_key())
-        .env("AWS_REGION", s.region())
-        .env("AWS_ENDPOINT_URL", s.endpoint());
-    c
-}
-
 /// Mount flags for a disk cache in `dir` and no memory cache.
 fn disk_cache_args(dir: &tempfile::TempDir) -> [String; 4] {
     [
@@ -84,107 +77,6 @@ fn disk_cache_args(dir: &tempfile::TempDir) -> [String; 4] {
         "--cache-memory".into(),
         "0".into(),
     ]
-}
-
-/// A `stoker mount --foreground` process and its mount point.
-struct Mounted {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-}
-
-impl Mounted {
-    fn start(s: &TestServer, url: &str, extra: &[&str]) -> Mounted {
-        Self::start_at(s, url, extra, tempfile::tempdir().unwrap())
-    }
-
-    fn start_at(s: &TestServer, url: &str, extra: &[&str], dir: tempfile::TempDir) -> Mounted {
-        let mut child = stoker(s)
-            .args(["mount", url])
-            .arg(dir.path())
-            .args(["--foreground", "--part-size", "1MiB"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
-        assert!(
-            line.starts_with("stoker: mounted "),
-            "mount did not come up: {line:?} (exit: {:?})",
-            child.try_wait()
-        );
-        Mounted {
-            child: Some(child),
-            dir,
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
-    }
-
-    /// SIGTERM, then the exit status.
-    fn stop(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().unwrap();
-        signal(child.id(), libc::SIGTERM);
-        wait_timeout(&mut child, Duration::from_secs(20)).expect("mount exits after SIGTERM")
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            signal(c.id(), libc::SIGTERM);
-            if wait_timeout(&mut c, Duration::from_secs(10)).is_none() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-        if is_mounted(self.dir.path()) {
-            let _ = Command::new("fusermount3")
-                .args(["-u", "-z"])
-                .arg(self.dir.path())
-                .status();
-        }
-    }
-}
-
-fn signal(pid: u32, sig: i32) {
-    // SAFETY: kill(2) with a pid we started and a valid signal number.
-    unsafe {
-        libc::kill(pid as i32, sig);
-    }
-}
-
-fn wait_timeout(c: &mut Child, t: Duration) -> Option<std::process::ExitStatus> {
-    let end = Instant::now() + t;
-    while Instant::now() < end {
-        if let Some(st) = c.try_wait().unwrap() {
-            return Some(st);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
-fn is_mounted(p: &Path) -> bool {
-    let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    std::fs::read_to_string("/proc/self/mounts")
-        .unwrap()
-        .lines()
-        .any(|l| l.split_whitespace().nth(1) == Some(p.to_str().unwrap()))
 }
 
 /// Runs `f` on its own thread; fails the test if it takes longer than `t` (a hung mount
