@@ -30,7 +30,7 @@ import operator
 import os
 import tomllib
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from . import _native, _pymap, _threads, io
@@ -408,6 +408,7 @@ class Pipeline:
         window: int | None = None,
         columnar: bool | None = None,
         share_store: bool | None = None,
+        disable: Sequence[str] | None = None,
     ) -> Pipeline:
         """Changes the given run options and keeps the others: ``threads`` (CPU workers),
         ``memory_limit`` (bytes or ``"2GiB"``: the one budget), ``deterministic`` (same
@@ -418,7 +419,8 @@ class Pipeline:
         store options, which ``stoker.io.open`` shares too, so that its block cache and
         connections carry over to the next run, such as the next epoch; default false,
         and true in :class:`stoker.torch.Dataset`; ``stoker.io.clear_cache()`` lets the
-        shared stores go)."""
+        shared stores go), ``disable`` (optimizer passes to turn off, for ablation and
+        debugging: ``"shuffle"``, ``"fusion"``; :meth:`explain` shows what each decided)."""
         if threads is not None:
             threads = _count("threads", threads, 1)
         if window is not None:
@@ -432,6 +434,7 @@ class Pipeline:
             "window": window,
             "columnar": columnar,
             "share_store": share_store,
+            "disable": None if disable is None else [str(d) for d in disable],
         }
         return self._then(self._p.options(**given), "options", **given)
 

@@ -338,3 +338,20 @@ def test_a_one_epoch_run_keeps_no_blocks_in_memory(s3, prefix):
     list(two)
     cache = two.stats()["storage"]["cache"]
     assert cache["memory_capacity"] > 0 and cache["memory_hits"] > 0, cache
+
+
+def test_optimizer_passes_can_be_turned_off_and_explain_says_what_each_decided():
+    p = numbers(20).map("random_int", to="r", below=100).shuffle(8).seed(1)
+    # Samples in memory are one object each: the buffer becomes a permutation at the source.
+    plan = p.explain()
+    assert "shuffle(8) became a seeded permutation" in plan
+    assert "  shuffle(8)\n" not in plan.split("physical:")[1]
+    off = p.options(disable=["shuffle"])
+    assert off.run_options["disable"] == ["shuffle"]
+    assert "  shuffle(8)\n" in off.explain().split("physical:")[1]
+    # The same samples with the same draws, in another order.
+    on, as_written = list(p), list(off)
+    assert sorted((s["x"], s["r"]) for s in on) == sorted((s["x"], s["r"]) for s in as_written)
+    assert [s["x"] for s in on] == [s["x"] for s in p]
+    with pytest.raises(ValueError, match='unknown optimizer pass "shufle"'):
+        p.options(disable=["shufle"])

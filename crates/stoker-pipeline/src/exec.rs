@@ -84,7 +84,7 @@ mod tail;
 mod tuner;
 mod worker;
 
-use crate::optimize::{explain, optimize, producer_name, read_path, ReadPath, TailOp};
+use crate::optimize::{explain, optimize, producer_name, read_path, Facts, ReadPath, TailOp};
 use crate::plan::{FormatChoice, Pipeline};
 use crate::source::{Dataset, Produced, SourceConfig, SourceCursor};
 use crate::state::PipelineState;
@@ -266,7 +266,11 @@ impl Run {
             });
         }
         let ds = Arc::new(ds);
-        let mut ph = optimize(&p.ops);
+        let facts = Facts {
+            per_object: Some(ds.per_object),
+            ..Facts::default()
+        };
+        let mut ph = optimize(&p.ops, &facts, &p.options.disable);
         let columnar = match read_path(p, &ph) {
             ReadPath::Columnar(c) => {
                 // The structural operators run in the source, on each chunk's names.
@@ -301,7 +305,8 @@ impl Run {
             None
         };
         let cfg = SourceConfig {
-            shuffle_shards: p.shuffle_shards,
+            // A shuffle the optimizer made a permutation of the objects at the source.
+            shuffle_shards: p.shuffle_shards || ph.permute,
             cycle: p.cycle,
             rank: p.rank,
             seed: p.seed,

@@ -49,7 +49,7 @@ pub use ops::{
     AudioOp, Builtin, ColumnOp, FieldOp, FillValue, FnOp, ImageOp, OpContext, Rate, SampleOp, Size,
     TextOp,
 };
-pub use optimize::explain;
+pub use optimize::{explain, PASSES as OPTIMIZER_PASSES};
 pub use pack::{Pack, PackRemainder};
 pub use plan::{
     ErrorPolicy, FormatChoice, Op, Pipeline, RankPolicy, RankSplit, RunOptions, Source, SplitMode,

@@ -1,26 +1,35 @@
 //! The optimizer: from the logical plan (the operators as the user wrote them) to the
-//! physical plan the executor runs ([`Physical`]: the operators the parallel workers apply to
-//! each sample, then the sequential tail stages, then the prefetch depth), with its reasons.
+//! physical plan the executor runs ([`Physical`]: whether the source permutes the epoch's
+//! objects, the operators the parallel workers apply to each sample, then the sequential
+//! tail stages, then the prefetch depth), with its reasons.
 //!
-//! Each pass is a pure function from plan to plan that says why it changed what it changed:
+//! Each pass is a pure function from plan to plan that says why it changed what it changed,
+//! and decides from what operators declare about themselves (`OpMeta`) and what a run has
+//! measured ([`Facts`]), never from an operator's name:
 //!
+//! - [`shuffle`] (`"shuffle"`): where a shuffle does its work: a seeded permutation of the
+//!   objects at the source when each sample is one object, else a buffer at the point where
+//!   samples are smallest;
 //! - [`placement`]: which operators run on the workers before the tail and which stay in
-//!   the tail (a map moves ahead of a shuffle buffer when it keeps every sample), and where
-//!   the maps in the tail run ([`placement::par_runs`]; [`INLINE_NS`]);
-//! - [`fusion`]: adjacent operators with one fused kernel (decode + random resized crop)
-//!   become that kernel;
+//!   the tail, in the order the plan gives, and where the maps in the tail run
+//!   ([`placement::par_runs`]; [`INLINE_NS`]);
+//! - [`fusion`] (`"fusion"`): adjacent operators with one fused kernel (decode + random
+//!   resized crop) become that kernel, on the workers and in the tail's parallel stages;
 //! - [`read_path`]: whether a columnar format is read straight into batches;
 //! - [`explain`]: the plan and every reason, as text (`Pipeline::explain`, `stoker run
 //!   --explain`).
 //!
-//! [`optimize`] runs them in order. Adding a pass: a file here with a function from
-//! `Physical` to `Physical` that pushes its reasons, a call in [`optimize`], and unit tests
-//! next to it.
+//! [`optimize`] runs them in order; the passes named above can be turned off
+//! (`RunOptions::disable`, [`PASSES`]) for ablation and debugging, and the plan is then the
+//! one without that rewrite. Adding a pass: a file here with a function from plan to plan
+//! that pushes its reasons, a call in [`optimize`] (and a name in [`PASSES`] if it can be
+//! turned off), and unit tests next to it.
 
 mod explain;
 mod fusion;
 mod placement;
 mod read_path;
+mod shuffle;
 
 pub use explain::explain;
 pub(crate) use placement::{par_runs, INLINE_NS};
@@ -34,8 +43,42 @@ use crate::plan::Op;
 use std::sync::Arc;
 use stoker_core::CollatePolicy;
 
+/// The passes that can be turned off, by name (`RunOptions::disable`).
+pub const PASSES: &[&str] = &["shuffle", "fusion"];
+
+/// What the passes know of the data beyond the plan (see each field).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Facts {
+    /// Whether each sample is one object (files, ImageFolder, samples in memory): known
+    /// once the format is; `None` before a run lists a source whose format it detects.
+    pub(crate) per_object: Option<bool>,
+    /// Output bytes per input byte of operators a run has measured, by their index in the
+    /// logical plan (they win over the operators' hints).
+    pub(crate) measured_ratio: std::collections::HashMap<usize, f64>,
+}
+
+impl Facts {
+    /// What the pipeline's source and format tell before a run.
+    pub(crate) fn of(p: &crate::plan::Pipeline) -> Facts {
+        use crate::plan::{FormatChoice, Source};
+        let per_object = match (&p.source, &p.format) {
+            (Source::Memory(_), _) => Some(true),
+            (_, FormatChoice::Files | FormatChoice::ImageFolder) => Some(true),
+            (_, FormatChoice::Fixed(f)) => Some(f.one_sample_per_object()),
+            (_, FormatChoice::Auto(_)) => None,
+        };
+        Facts {
+            per_object,
+            ..Facts::default()
+        }
+    }
+}
+
 /// The physical plan: producer ops (parallel) and tail stages (sequential).
 pub(crate) struct Physical {
+    /// The source permutes each epoch's objects (a shuffle made a permutation, see
+    /// [`shuffle`]).
+    pub(crate) permute: bool,
     /// The operators the workers apply to each sample from the source, each with its
     /// index in the logical plan (its random generator's).
     pub(crate) producer: Vec<(usize, Arc<dyn SampleOp>)>,
@@ -74,11 +117,36 @@ impl TailOp {
     }
 }
 
-/// The optimizer: placement, then fusion, then the prefetch at the end (see the passes).
-pub(crate) fn optimize(ops: &[Op]) -> Physical {
-    let ph = placement::place(ops);
-    let ph = fusion::fuse(ph);
+/// The optimizer: shuffle placement, placement, fusion, then the prefetch at the end (see
+/// the passes), without the passes named in `disabled`.
+pub(crate) fn optimize(ops: &[Op], facts: &Facts, disabled: &[String]) -> Physical {
+    let off = |pass: &str| disabled.iter().any(|d| d == pass);
+    let mut explain = Vec::new();
+    let placed = if off("shuffle") {
+        shuffle::Placed {
+            ops: ops.iter().cloned().enumerate().collect(),
+            permute: false,
+        }
+    } else {
+        shuffle::place_shuffles(ops, facts, &mut explain)
+    };
+    let mut ph = placement::place_indexed(&placed.ops);
+    ph.permute = placed.permute;
+    explain.append(&mut ph.explain);
+    ph.explain = explain;
+    let ph = if off("fusion") { ph } else { fusion::fuse(ph) };
     placement::prefetch(ph)
+}
+
+/// Checks a list of passes to turn off: each must be one of [`PASSES`].
+pub(crate) fn check_disabled(disabled: &[String]) -> Result<(), stoker_core::Error> {
+    match disabled.iter().find(|d| !PASSES.contains(&d.as_str())) {
+        Some(d) => Err(stoker_core::Error::invalid(format!(
+            "unknown optimizer pass {d:?} to disable (the passes that can be turned off: {})",
+            PASSES.join(", ")
+        ))),
+        None => Ok(()),
+    }
 }
 
 pub(crate) fn producer_name(p: &[(usize, Arc<dyn SampleOp>)]) -> String {
@@ -114,6 +182,20 @@ pub(crate) mod test_ops {
     pub(crate) fn builtin(v: serde_json::Value) -> Arc<dyn SampleOp> {
         let b: Builtin = serde_json::from_value(v).expect("a built-in operator");
         Arc::new(b)
+    }
+
+    /// A map named `name` that keeps every sample and declares that it makes samples
+    /// `ratio` times their size.
+    pub(crate) fn sized(name: &str, ratio: f64) -> Op {
+        Op::Map(Arc::new(FnOp::new(
+            OpMeta::new(name).with_size_ratio(ratio),
+            |s, _| Ok(Some(s)),
+        )))
+    }
+
+    /// The names of a logical plan's operators.
+    pub(crate) fn op_names(ops: &[Op]) -> Vec<String> {
+        ops.iter().map(super::op_name).collect()
     }
 
     /// A map named `name` that keeps every sample.

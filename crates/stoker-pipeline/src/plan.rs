@@ -188,6 +188,10 @@ pub struct RunOptions {
     /// cache even when it reads one epoch (the store's default: half its budget for an
     /// object store, none for local files; `cache_memory` sets it).
     pub share_store: bool,
+    /// Optimizer passes to turn off, by name (see `optimize::PASSES`: `"shuffle"`,
+    /// `"fusion"`): the plan is then the one without their rewrites, for ablation and
+    /// debugging (default: none).
+    pub disable: Vec<String>,
 }
 
 impl Default for RunOptions {
@@ -201,6 +205,7 @@ impl Default for RunOptions {
             window: 1024,
             columnar: true,
             share_store: false,
+            disable: Vec::new(),
         }
     }
 }
@@ -244,6 +249,14 @@ impl RunOptions {
     /// Reads through the process's shared store (see [`RunOptions::share_store`]).
     pub fn with_share_store(mut self, on: bool) -> Self {
         self.share_store = on;
+        self
+    }
+    /// Turns off these optimizer passes (see [`RunOptions::disable`]).
+    pub fn with_disabled_passes<S: Into<String>>(
+        mut self,
+        passes: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.disable = passes.into_iter().map(Into::into).collect();
         self
     }
 }
@@ -540,6 +553,7 @@ impl Pipeline {
         if self.epochs == Some(0) {
             return Err(Error::invalid("epochs must be at least 1"));
         }
+        crate::optimize::check_disabled(&self.options.disable)?;
         if let Source::Url {
             glob: Some(_),
             keys: Some(_),

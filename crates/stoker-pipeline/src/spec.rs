@@ -39,6 +39,7 @@
 //! memory_limit = "2GiB"
 //! columnar = true                    # Parquet straight into batches when identical
 //! share_store = false                # true: the process's store, kept for later runs
+//! disable = []                       # optimizer passes to turn off: "shuffle", "fusion"
 //!
 //! [store]                            # store options, the same keys as `--option`
 //! endpoint = "http://127.0.0.1:9000"
@@ -158,6 +159,10 @@ pub struct OptionsSpec {
     /// Read through the process's shared store (default false; see [`crate::shared`]).
     #[serde(default)]
     pub share_store: Option<bool>,
+    /// Optimizer passes to turn off (`"shuffle"`, `"fusion"`; see
+    /// [`RunOptions::disable`]).
+    #[serde(default)]
+    pub disable: Option<Vec<String>>,
 }
 
 impl OptionsSpec {
@@ -181,6 +186,10 @@ impl OptionsSpec {
         }
         if let Some(on) = self.share_store {
             ro = ro.with_share_store(on);
+        }
+        if let Some(d) = &self.disable {
+            crate::optimize::check_disabled(d)?;
+            ro = ro.with_disabled_passes(d.iter().cloned());
         }
         if let Some(m) = &self.memory_limit {
             let b: ByteSize = m

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use common::*;
 use stoker_core::{OpMeta, Value};
-use stoker_pipeline::{Builtin, ErrorPolicy, FieldOp, FnOp, Item, RankPolicy, RunOptions};
+use stoker_pipeline::{
+    Builtin, ErrorPolicy, FieldOp, FnOp, Item, Pipeline, RankPolicy, RunOptions,
+};
 
 /// An operator that takes a while, so several workers overlap and finish out of order.
 fn jittery() -> FnOp {
@@ -369,38 +371,144 @@ fn stats_name_every_stage_and_count_items() {
     assert!(st.stages[1].busy_s > 0.0);
 }
 
+/// The samples of each epoch of `p` (of `per_epoch` samples), as (key, r) pairs, in order.
+fn epochs_of(p: &Pipeline, per_epoch: usize) -> Vec<Vec<(String, i64)>> {
+    let mut all: Vec<(String, i64)> = Vec::new();
+    for item in p.run().unwrap() {
+        let item = item.unwrap();
+        let rs: Vec<i64> = match &item {
+            Item::Sample(s) => vec![s.get("r").and_then(Value::as_int).unwrap()],
+            Item::Batch(b) => match b.get("r").unwrap() {
+                Value::Tensor(t) => t.to_vec::<i64>().unwrap(),
+                v => panic!("{v:?}"),
+            },
+        };
+        all.extend(keys(&item).into_iter().zip(rs));
+    }
+    all.chunks(per_epoch).map(<[_]>::to_vec).collect()
+}
+
+fn sorted<T: Ord + Clone>(v: &[T]) -> Vec<T> {
+    let mut v = v.to_vec();
+    v.sort();
+    v
+}
+
 #[test]
-fn the_optimizer_fuses_maps_and_moves_them_past_a_shuffle() {
-    let p = memory(10)
+fn a_shuffle_over_objects_becomes_a_permutation_with_the_same_samples() {
+    let random = || {
+        Builtin::Fields(FieldOp::RandomInt {
+            to: "r".into(),
+            below: 1000,
+        })
+    };
+    let p = memory(40)
+        .map(random())
+        .shuffle(8)
         .map(Builtin::Fields(FieldOp::Len {
             field: "x".into(),
             to: "n".into(),
         }))
-        .shuffle(4)
-        .map(Builtin::Fields(FieldOp::RandomInt {
-            to: "r".into(),
-            below: 9,
-        }))
-        .map(Builtin::Fields(FieldOp::FilterLen {
-            field: "x".into(),
-            min: Some(1),
-            max: None,
-        }))
-        .batch(2, false);
+        .batch(4, false)
+        .epochs(Some(2))
+        .seed(5);
     let plan = p.explain();
     assert!(
-        plan.contains("workers: map[len(x), random_int(r)]"),
+        plan.contains("shuffle(8) became a seeded permutation"),
         "{plan}"
     );
-    assert!(plan.contains("map[filter_len(x)]"), "{plan}");
     assert!(
-        plan.contains("moved random_int(r) before the shuffle"),
+        plan.contains("workers: map[random_int(r), len(x)]"),
         "{plan}"
     );
-    // Moving it changes nothing: same output as with everything after the shuffle
-    // computed per sample.
-    let got: Vec<Item> = p.run().unwrap().map(Result::unwrap).collect();
-    assert_eq!(got.iter().map(Item::samples).sum::<usize>(), 10);
+    let off = p
+        .clone()
+        .options(RunOptions::default().with_disabled_passes(["shuffle"]));
+    assert!(
+        off.explain().contains("  shuffle(8)\n"),
+        "{}",
+        off.explain()
+    );
+    let (on, as_written) = (epochs_of(&p, 40), epochs_of(&off, 40));
+    assert_eq!(on.len(), 2);
+    for (a, b) in on.iter().zip(&as_written) {
+        // The same samples, each with the same draws, in another order.
+        assert_eq!(a.len(), 40);
+        assert_eq!(sorted(a), sorted(b));
+    }
+    assert_ne!(on[0], as_written[0]);
+    // A new order every epoch, the same one for the same seed.
+    assert_ne!(
+        on[0].iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        on[1].iter().map(|(k, _)| k).collect::<Vec<_>>()
+    );
+    assert_eq!(on, epochs_of(&p, 40));
+    // And it resumes exactly.
+    let mut run = p.run().unwrap();
+    let head: Vec<Item> = run.by_ref().take(13).map(Result::unwrap).collect();
+    let state = run.state().unwrap();
+    let rest: Vec<Item> = run.map(Result::unwrap).collect();
+    let resumed: Vec<Item> = p.resume(&state).unwrap().map(Result::unwrap).collect();
+    assert_eq!(head.len(), 13);
+    assert_eq!(rest, resumed);
+}
+
+#[test]
+fn a_shuffle_buffer_over_records_moves_to_where_samples_are_smallest_and_changes_nothing() {
+    // A map that makes each record 8 times its size (declared), then a random one, then
+    // the buffer: the buffer moves before both, where records are smallest.
+    let grow = FnOp::new(OpMeta::new("grow").with_size_ratio(8.0), |mut s, _| {
+        let t = s.get("txt").and_then(Value::as_bytes).unwrap().to_vec();
+        s.insert("txt", Value::Bytes(t.repeat(8).into()));
+        Ok(Some(s))
+    });
+    let p = shards()
+        .map(grow)
+        .map(Builtin::Fields(FieldOp::RandomInt {
+            to: "r".into(),
+            below: 1000,
+        }))
+        .shuffle(16)
+        .epochs(Some(2))
+        .seed(3);
+    let plan = p.explain();
+    assert!(
+        plan.contains("moved shuffle(16) before grow, random_int(r)"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("  shuffle(16)\n  workers: map[grow, random_int(r)] (in order)\n"),
+        "{plan}"
+    );
+    let off = p
+        .clone()
+        .options(RunOptions::default().with_disabled_passes(["shuffle"]));
+    assert!(
+        !off.explain().contains("moved shuffle"),
+        "{}",
+        off.explain()
+    );
+    // Exactly the same items in the same order: the maps it passed keep every sample and
+    // draw by the sample's position.
+    let (on, as_written) = (epochs_of(&p, 203), epochs_of(&off, 203));
+    assert_eq!(on.len(), 2);
+    for (a, b) in on.iter().zip(&as_written) {
+        assert_eq!(a[..5], b[..5]);
+        assert_eq!(a, b);
+    }
+}
+
+#[test]
+fn an_unknown_pass_to_disable_is_refused_naming_the_passes() {
+    let e = memory(3)
+        .options(RunOptions::default().with_disabled_passes(["shufle"]))
+        .run()
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("unknown optimizer pass \"shufle\""),
+        "{e}"
+    );
+    assert!(e.to_string().contains("shuffle, fusion"), "{e}");
 }
 
 #[test]

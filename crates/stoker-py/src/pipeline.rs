@@ -384,7 +384,7 @@ impl PyPipeline {
     }
 
     /// Changes the given run options, keeping the others.
-    #[pyo3(signature = (threads=None, memory_limit=None, deterministic=None, errors=None, autotune=None, window=None, columnar=None, share_store=None))]
+    #[pyo3(signature = (threads=None, memory_limit=None, deterministic=None, errors=None, autotune=None, window=None, columnar=None, share_store=None, disable=None))]
     #[allow(clippy::too_many_arguments)]
     fn options(
         &self,
@@ -396,6 +396,7 @@ impl PyPipeline {
         window: Option<usize>,
         columnar: Option<bool>,
         share_store: Option<bool>,
+        disable: Option<Vec<String>>,
     ) -> PyResult<Self> {
         let mut o = self.options.clone();
         if let Some(t) = threads {
@@ -426,6 +427,17 @@ impl PyPipeline {
         if let Some(s) = share_store {
             o = o.with_share_store(s);
         }
+        if let Some(d) = disable {
+            let known = stoker_pipeline::OPTIMIZER_PASSES;
+            if let Some(bad) = d.iter().find(|d| !known.contains(&d.as_str())) {
+                return Err(invalid(format!(
+                    "unknown optimizer pass {bad:?} to disable (the passes that can be turned \
+                     off: {})",
+                    known.join(", ")
+                )));
+            }
+            o = o.with_disabled_passes(d);
+        }
         Ok(PyPipeline {
             p: self.p.clone().options(o.clone()),
             options: o,
@@ -451,6 +463,7 @@ impl PyPipeline {
         d.set_item("window", o.window)?;
         d.set_item("columnar", o.columnar)?;
         d.set_item("share_store", o.share_store)?;
+        d.set_item("disable", o.disable.clone())?;
         Ok(d.into_any().unbind())
     }
 

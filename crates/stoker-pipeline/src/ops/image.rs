@@ -294,13 +294,28 @@ impl ImageOp {
     pub(crate) fn meta(&self) -> OpMeta {
         let m = OpMeta::new(self.name());
         match self {
+            // Size hints, output bytes per input byte (the optimizer's start; a run measures
+            // them): a JPEG decodes to about 8x its bytes; a float conversion makes each
+            // byte 4 (float32) or 2 (float16); the colour operators, flips and blurs keep
+            // the size. A crop or resize to a fixed size depends on its input: no hint.
             ImageOp::DecodeImage { .. } => m.with_cost_ns(3_000_000.0).with_size_ratio(8.0),
-            ImageOp::RandomResizedCrop { .. }
-            | ImageOp::RandomCrop { .. }
-            | ImageOp::RandomFlip { .. }
+            ImageOp::RandomFlip { .. }
             | ImageOp::ColorJitter { .. }
             | ImageOp::RandomGrayscale { .. }
-            | ImageOp::GaussianBlur { .. } => m.random().with_cost_ns(500_000.0),
+            | ImageOp::GaussianBlur { .. } => {
+                m.random().with_cost_ns(500_000.0).with_size_ratio(1.0)
+            }
+            ImageOp::RandomResizedCrop { .. } | ImageOp::RandomCrop { .. } => {
+                m.random().with_cost_ns(500_000.0)
+            }
+            ImageOp::ImageToTensor { dtype, .. } => {
+                let bytes = if dtype.as_deref() == Some("float16") {
+                    2.0
+                } else {
+                    4.0
+                };
+                m.with_cost_ns(200_000.0).with_size_ratio(bytes)
+            }
             _ => m.with_cost_ns(200_000.0),
         }
     }

@@ -1,12 +1,14 @@
 //! `explain`: the logical plan, the physical plan the passes made of it, and each pass's
 //! reasons, as text.
 
-use super::{op_name, optimize, par_runs, producer_name, read_path, ReadPath, TailOp, INLINE_NS};
+use super::{
+    op_name, optimize, par_runs, producer_name, read_path, Facts, ReadPath, TailOp, INLINE_NS,
+};
 use crate::plan::{FormatChoice, Pipeline};
 
 /// Describes the plan the optimizer produces for `p` (stage names and its reasons).
 pub fn explain(p: &Pipeline) -> String {
-    let mut ph = optimize(&p.ops);
+    let mut ph = optimize(&p.ops, &Facts::of(p), &p.options.disable);
     let mut s = String::from("logical:\n");
     for op in &p.ops {
         s.push_str(&format!("  {}\n", op_name(op)));
@@ -19,6 +21,9 @@ pub fn explain(p: &Pipeline) -> String {
         );
     }
     match read_path(p, &ph) {
+        ReadPath::RowsOnly if ph.permute => {
+            s.push_str("physical:\n  source (the epoch's objects in a seeded permutation)\n")
+        }
         ReadPath::RowsOnly => s.push_str("physical:\n  source\n"),
         ReadPath::Rows(why) => {
             s.push_str("physical:\n  source (rows)\n");
@@ -131,14 +136,15 @@ mod tests {
                 "  batch(4)",
                 "  f",
                 "physical:",
-                "  source",
+                "  source (the epoch's objects in a seeded permutation)",
                 "  workers: map[m]",
-                "  shuffle(8)",
                 "  batch(4, drop_last)",
                 "  workers: map[f] (in order)",
                 "  prefetch(4)",
-                "  because: moved m before the shuffle buffer: it keeps every sample, so it \
-                 commutes with the shuffle and can run on the workers",
+                "  because: shuffle(8) became a seeded permutation of the epoch's objects at \
+                 the source (each sample is one object): the same samples every epoch in a \
+                 uniformly random order, with no buffer of 8 samples to hold and the first \
+                 sample at once",
                 "  because: added prefetch(4) at the end",
                 &format!(
                     "  because: map[f] after batch(4, drop_last) runs on the workers too, \

@@ -1,16 +1,33 @@
 //! Fusion: adjacent operators that have one fused kernel run as it (today: decode, then a
 //! random resized crop of the same field, with the flip and the float conversion after it,
-//! as one region-decoding kernel; see `ops::image::fuse`). The fused operator draws from the
-//! same generators as the operators it replaces, so results do not change.
+//! as one region-decoding kernel; see `ops::image::fuse`), on the workers' producer and in
+//! each run of maps in the tail (a parallel stage). The fused operator draws from the same
+//! generators as the operators it replaces, so results do not change.
 
-use super::Physical;
+use super::{Physical, TailOp};
 use crate::ops::SampleOp;
 use std::sync::Arc;
 
-/// The producer's runs of operators with a fused kernel replaced by it, each with its
-/// reason, and a reason when the producer then has several operators (one worker stage).
+/// The producer's and the tail's runs of operators with a fused kernel replaced by it,
+/// each with its reason, and a reason when the producer then has several operators (one
+/// worker stage).
 pub(crate) fn fuse(mut ph: Physical) -> Physical {
     ph.producer = fuse_kernels(std::mem::take(&mut ph.producer), &mut ph.explain);
+    let mut tail = Vec::with_capacity(ph.tail.len());
+    let mut run: Vec<(usize, Arc<dyn SampleOp>)> = Vec::new();
+    for t in std::mem::take(&mut ph.tail) {
+        match t {
+            TailOp::Map(i, op) => run.push((i, op)),
+            other => {
+                let fused = fuse_kernels(std::mem::take(&mut run), &mut ph.explain);
+                tail.extend(fused.into_iter().map(|(i, op)| TailOp::Map(i, op)));
+                tail.push(other);
+            }
+        }
+    }
+    let fused = fuse_kernels(run, &mut ph.explain);
+    tail.extend(fused.into_iter().map(|(i, op)| TailOp::Map(i, op)));
+    ph.tail = tail;
     if ph.producer.len() > 1 {
         ph.explain.push(format!(
             "fused {} per-sample operators into one worker stage",
@@ -96,6 +113,34 @@ mod tests {
         assert_eq!(
             ph.explain,
             ["fused 3 per-sample operators into one worker stage"]
+        );
+    }
+
+    #[test]
+    fn a_kernel_in_the_tail_is_fused_too() {
+        let mut ops = vec![Op::Shuffle(16)];
+        ops.extend(image_ops("jpg"));
+        ops.push(Op::Batch {
+            size: 4,
+            drop_last: false,
+            collate: Default::default(),
+        });
+        let ph = fuse(place(&ops));
+        assert!(ph.producer.is_empty());
+        assert_eq!(
+            crate::optimize::test_ops::tail_names(&ph),
+            [
+                "shuffle(16)",
+                "map[decode_image+random_resized_crop+random_flip(jpg)]",
+                "batch(4)"
+            ]
+        );
+        // Under the crop's index in the logical plan.
+        assert!(matches!(ph.tail[1], TailOp::Map(2, _)));
+        assert!(
+            ph.explain[0].contains("run as one kernel"),
+            "{:?}",
+            ph.explain
         );
     }
 

@@ -1,11 +1,11 @@
-//! Placement: which operators run where.
+//! Placement: which operators run where, in the order the plan gives them.
 //!
 //! Per-sample operators before any sequential stage run on the parallel workers (fused into
-//! one stage). A map after a shuffle buffer moves ahead of it when it never drops a sample:
-//! it then commutes with the shuffle (a shuffle's picks depend only on how many samples it
-//! has seen), so the results do not change. Every other map stays in the tail, where each
-//! run of consecutive maps is one parallel stage on the same workers ([`par_runs`]), or runs
-//! on the tail thread while it is cheaper than a hand-off ([`INLINE_NS`]).
+//! one stage). Every other map stays in the tail in its place, where each run of
+//! consecutive maps is one parallel stage on the same workers ([`par_runs`]), or runs on
+//! the tail thread while it is cheaper than a hand-off ([`INLINE_NS`]). Moving operators
+//! across a shuffle is the `shuffle` pass's decision (by the samples' sizes), not this
+//! one's.
 
 use super::{Physical, TailOp};
 use crate::ops::SampleOp;
@@ -15,36 +15,29 @@ use std::sync::Arc;
 /// The prefetch depth when the plan names none.
 pub(crate) const DEFAULT_PREFETCH: usize = 4;
 
-/// The logical plan placed: each map goes to the workers' producer when it comes before any
-/// sequential stage, or when only shuffle buffers come before it and it never drops a
-/// sample (it commutes with them; the reason is given); everything else goes to the tail in
-/// order. A `prefetch` in the plan sets the depth (0 here: not given, see [`prefetch`]).
+/// The logical plan placed (each operator with its index in the plan as written, for tests).
+#[cfg(test)]
 pub(crate) fn place(ops: &[Op]) -> Physical {
+    let indexed: Vec<(usize, Op)> = ops.iter().cloned().enumerate().collect();
+    place_indexed(&indexed)
+}
+
+/// The logical plan placed: each map goes to the workers' producer when it comes before any
+/// sequential stage; everything else goes to the tail in order. A `prefetch` in the plan
+/// sets the depth (0 here: not given, see [`prefetch`]). Each operator carries its index in
+/// the plan as written (the shuffle pass may have moved a buffer among them), which keys
+/// its random generator.
+pub(crate) fn place_indexed(ops: &[(usize, Op)]) -> Physical {
     let mut producer = Vec::new();
     let mut tail = Vec::new();
-    let mut explain = Vec::new();
     let mut prefetch = 0;
-    // True while every tail stage so far is a shuffle (through which 1:1 maps may move).
-    // A filter left in the tail ends it too: a map after it must not run before it (the
-    // filter would see what the map made of the sample).
-    let mut only_shuffles = true;
-    for (i, op) in ops.iter().enumerate() {
+    for (i, op) in ops.iter().map(|(i, op)| (*i, op)) {
         let stage = match op {
-            Op::Map(m) => {
-                let meta = m.meta();
-                if tail.is_empty() || (only_shuffles && !meta.filters) {
-                    if !tail.is_empty() {
-                        explain.push(format!(
-                            "moved {} before the shuffle buffer: it keeps every sample, so \
-                             it commutes with the shuffle and can run on the workers",
-                            meta.name
-                        ));
-                    }
-                    producer.push((i, m.clone()));
-                    continue;
-                }
-                TailOp::Map(i, m.clone())
+            Op::Map(m) if tail.is_empty() => {
+                producer.push((i, m.clone()));
+                continue;
             }
+            Op::Map(m) => TailOp::Map(i, m.clone()),
             Op::Shuffle(n) => TailOp::Shuffle(*n),
             Op::Batch {
                 size,
@@ -60,14 +53,14 @@ pub(crate) fn place(ops: &[Op]) -> Physical {
                 continue;
             }
         };
-        only_shuffles &= matches!(stage, TailOp::Shuffle(_));
         tail.push(stage);
     }
     Physical {
+        permute: false,
         producer,
         tail,
         prefetch,
-        explain,
+        explain: Vec::new(),
     }
 }
 
@@ -132,23 +125,20 @@ mod tests {
     }
 
     #[test]
-    fn a_map_that_keeps_every_sample_moves_ahead_of_a_shuffle_with_its_reason() {
+    fn maps_after_a_shuffle_stay_after_it_in_order() {
+        // Whether a map moves across a shuffle is the shuffle pass's decision; placement
+        // keeps the plan's order (before the shuffle pass, a map that kept every sample
+        // moved ahead of the buffer here, whatever it made of the sample's size).
         let ph = place(&[Op::Shuffle(8), map("m"), Op::Shuffle(4), map("n")]);
-        assert_eq!(producer_names(&ph), ["m", "n"]);
-        assert_eq!(tail_names(&ph), ["shuffle(8)", "shuffle(4)"]);
-        assert_eq!(ph.producer[0].0, 1);
-        assert_eq!(ph.explain.len(), 2);
-        assert!(ph.explain[0].contains("moved m before the shuffle buffer"));
-    }
-
-    #[test]
-    fn a_filter_after_a_shuffle_stays_after_it_and_so_does_what_follows_it() {
-        // Before this pass had tests, `m` moved ahead of the shuffle and so ahead of `f`,
-        // which then saw what `m` made of each sample.
+        assert!(ph.producer.is_empty());
+        assert_eq!(
+            tail_names(&ph),
+            ["shuffle(8)", "map[m]", "shuffle(4)", "map[n]"]
+        );
+        assert!(ph.explain.is_empty());
         let ph = place(&[Op::Shuffle(8), filter("f"), map("m")]);
         assert!(ph.producer.is_empty());
         assert_eq!(tail_names(&ph), ["shuffle(8)", "map[f]", "map[m]"]);
-        assert!(ph.explain.is_empty());
     }
 
     #[test]

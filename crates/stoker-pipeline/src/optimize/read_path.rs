@@ -104,7 +104,10 @@ mod tests {
     }
 
     fn path(p: &Pipeline) -> ReadPath {
-        read_path(p, &optimize(&p.ops))
+        read_path(
+            p,
+            &optimize(&p.ops, &crate::optimize::Facts::of(p), &p.options.disable),
+        )
     }
 
     fn why(p: &Pipeline) -> String {
