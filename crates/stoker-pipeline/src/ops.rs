@@ -70,6 +70,25 @@ pub(crate) use image::fuse;
 pub use image::{ImageOp, Size};
 pub use text::TextOp;
 
+/// What operator `op` gave for one item (`what`: "sample" or "batch"), checked as every
+/// chain of operators checks it (the executor's, the columnar path's): its error names the
+/// operator as its stage, and `Ok(None)` comes only from an operator that declares itself a
+/// filter (a map that drops an item is an error saying so).
+pub(crate) fn checked<T>(
+    op: &dyn SampleOp,
+    r: Result<Option<T>, Error>,
+    what: &str,
+) -> Result<Option<T>, Error> {
+    match r {
+        Err(e) => Err(e.with_stage(op.meta().name)),
+        Ok(None) if !op.meta().filters => Err(Error::invalid(format!(
+            "the operator dropped a {what} but does not declare itself a filter (OpMeta::filter)"
+        ))
+        .with_stage(op.meta().name)),
+        r => r,
+    }
+}
+
 /// A per-sample operator.
 pub trait SampleOp: Send + Sync + fmt::Debug {
     /// Its declaration.

@@ -8,7 +8,7 @@ use super::par::ParOps;
 use super::runtime::Charging;
 use super::tail::Flow;
 use super::worker::ProducerOp;
-use crate::ops::OpContext;
+use crate::ops::{checked, OpContext};
 use crate::pack::BLOCK_SHARD;
 use crate::source::{Dataset, Element, Pos};
 use crate::state::Key;
@@ -53,13 +53,6 @@ impl<'a> How<'a> {
     }
 }
 
-/// The error of an operator that dropped an item without declaring itself a filter.
-fn undeclared_filter(what: &str) -> Error {
-    Error::invalid(format!(
-        "the operator dropped a {what} but does not declare itself a filter (OpMeta::filter)"
-    ))
-}
-
 /// One sample through `ops` in order (`None`: a filter dropped it). Each operator gets its
 /// context (its generator's coordinates, the budget with the sample's reservation, the batch
 /// slots for the last one); an error names the operator, the object and the record; a map
@@ -96,8 +89,7 @@ pub(super) fn sample_through(
         if let (Some(c), Some(t0)) = (c, t0) {
             c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
         }
-        let locate = |e: Error| locate(how.ds, e.with_stage(op.meta().name), el.pos);
-        match r.map_err(locate)? {
+        match checked(&**op, r, "sample").map_err(|e| locate(how.ds, e, el.pos))? {
             Some(s) => {
                 el.sample = s;
                 if k + 1 < ops.len() {
@@ -108,9 +100,6 @@ pub(super) fn sample_through(
                 }
             }
             None => {
-                if !op.meta().filters {
-                    return Err(locate(undeclared_filter("sample")));
-                }
                 if let Some(c) = c {
                     c.add(&c.dropped, 1);
                 }
@@ -146,32 +135,31 @@ pub(super) fn batch_through(
         if let (Some(c), Some(t0)) = (c, t0) {
             c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
         }
-        let name = op.meta().name;
-        let locate = |e: Error| locate_batch(how.ds, e.with_stage(name.clone()), first, rows);
-        match r {
+        let locate = |e: Error| locate_batch(how.ds, e, first, rows);
+        let Some(r) = r else {
+            let name = op.meta().name;
+            return Err(Error::invalid(format!(
+                "{name} is a per-sample operator but receives batches (put it before batch)"
+            ))
+            .with_stage(name));
+        };
+        match checked(&**op, r, "batch").map_err(locate)? {
             None => {
-                return Err(Error::invalid(format!(
-                    "{name} is a per-sample operator but receives batches (put it before batch)"
-                ))
-                .with_stage(name.clone()))
-            }
-            Some(Err(e)) => return Err(locate(e)),
-            Some(Ok(None)) => {
-                if !op.meta().filters {
-                    return Err(locate(undeclared_filter("batch")));
-                }
                 if let Some(c) = c {
                     c.add(&c.dropped, 1);
                 }
                 return Ok(None);
             }
-            Some(Ok(Some(out))) => {
+            Some(out) => {
                 if out.len() != rows {
-                    return Err(locate(Error::operator(format!(
-                        "returned a batch of {} rows for a batch of {rows}: an operator on \
-                         batches keeps the rows (filter samples before the batch)",
-                        out.len()
-                    ))));
+                    return Err(locate(
+                        Error::operator(format!(
+                            "returned a batch of {} rows for a batch of {rows}: an operator on \
+                             batches keeps the rows (filter samples before the batch)",
+                            out.len()
+                        ))
+                        .with_stage(op.meta().name),
+                    ));
                 }
                 b = out;
                 if let Some(c) = c {

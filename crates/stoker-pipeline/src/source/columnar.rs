@@ -10,7 +10,7 @@ use std::sync::Arc;
 use stoker_core::{Columns, Error, Sample};
 
 use super::{open_input, Columnar, Dataset, Pos, Produced, SourceCursor};
-use crate::ops::{OpContext, SampleOp};
+use crate::ops::{checked, OpContext, SampleOp};
 use crate::split::Piece;
 
 pub(super) enum ColumnMsg {
@@ -145,17 +145,11 @@ pub(super) fn restructure(
     }
     for (i, op) in ops {
         let mut ctx = OpContext::new(0, 0, 0, 0, *i);
-        probe = match op.apply(probe, &mut ctx) {
-            Ok(Some(s)) => s,
-            Ok(None) => {
-                return Err(Error::invalid(
-                    "the operator dropped a sample but does not declare itself a filter \
-                     (OpMeta::filter)",
-                )
-                .with_stage(op.meta().name))
-            }
-            Err(e) => return Err(e.with_stage(op.meta().name)),
-        };
+        let r = op.apply(probe, &mut ctx);
+        // The structural operators are maps (`read_path` admits no filter here).
+        probe = checked(&**op, r, "sample")?.ok_or_else(|| {
+            Error::invalid("a filter cannot run on the columnar path").with_stage(op.meta().name)
+        })?;
     }
     let mut cols: Vec<Option<stoker_core::Column>> = c.columns.into_iter().map(Some).collect();
     let mut names = Vec::with_capacity(probe.len());
