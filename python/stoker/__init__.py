@@ -461,11 +461,14 @@ class Pipeline:
         return index
 
     def explain(self) -> str:
-        """The plan the optimizer makes, with its reasons."""
+        """The plan the optimizer makes, with its reasons (from what the pipeline says
+        before a run; ``run().explain()`` adds what the run measured)."""
         return self._p.explain()
 
     def run(self) -> Run:
-        """Starts a run: an iterator of dicts with ``stats()`` and ``state_dict()``."""
+        """Starts a run: an iterator of dicts with ``stats()``, ``state_dict()`` and
+        ``explain()`` (the plan it runs, then each operator's measured time and bytes a
+        sample against its declaration; ``stats()["operators"]`` has the numbers)."""
         return self._start(self._p.run)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

@@ -355,3 +355,17 @@ def test_optimizer_passes_can_be_turned_off_and_explain_says_what_each_decided()
     assert [s["x"] for s in on] == [s["x"] for s in p]
     with pytest.raises(ValueError, match='unknown optimizer pass "shufle"'):
         p.options(disable=["shufle"])
+
+
+def test_a_run_explains_its_plan_with_what_each_operator_measured():
+    p = numbers(64).map("random_int", to="r", below=100).map("len", field="name", to="n")
+    run = p.run()
+    assert len(list(run)) == 64
+    ops = run.stats()["operators"]
+    assert [o["name"] for o in ops] == ["random_int(r)", "len(name)"]
+    # One sample in eight is measured: 8 of 64.
+    assert [o["samples"] for o in ops] == [8, 8]
+    assert all(o["ns_per_sample"] > 0 and o["size_ratio"] > 1.0 for o in ops)
+    text = run.explain()
+    assert text.startswith("logical:\n")
+    assert "measured (one sample in 8):\n  random_int(r): " in text

@@ -170,6 +170,8 @@ struct Shared {
     /// A sample has been through the workers' operators, so the source's estimate of what
     /// a sample becomes is a measurement, not a guess: until then it admits one sample.
     warm: AtomicBool,
+    /// The profiles of the workers' operators (see [`crate::stats::OpProfile`]).
+    producer_profile: Vec<Arc<crate::stats::OpProfile>>,
 }
 
 impl Shared {
@@ -195,6 +197,9 @@ pub struct Run {
     store: Option<stoker_store::Store>,
     storage_baseline: Option<stoker_store::MetricsSnapshot>,
     shards: usize,
+    /// The pipeline as the run planned it (its format decided) and what it knew then, for
+    /// [`Run::explain`].
+    planned: (Pipeline, Facts),
     threads: Vec<JoinHandle<()>>,
     runtime: Option<RunRuntime>,
 }
@@ -332,8 +337,25 @@ impl Run {
         names.extend(ph.tail.iter().map(TailOp::name));
         names.push(format!("prefetch({})", ph.prefetch));
         let threads = p.options.threads.max(1);
+        // Every operator that runs per item, in the order they run, for the profile.
+        let operators: Vec<(usize, stoker_core::OpMeta)> = ph
+            .producer
+            .iter()
+            .map(|(i, op)| (*i, op.meta()))
+            .chain(ph.tail.iter().filter_map(|t| match t {
+                TailOp::Map(i, op) => Some((*i, op.meta())),
+                _ => None,
+            }))
+            .collect();
+        let stats = StatsHub::new(
+            names,
+            ds.cache.as_ref().map(|c| c.counters.clone()),
+            operators,
+        );
+        let producer_profile = stats.profiles(ph.producer.iter().map(|(i, _)| *i));
         let shared = Arc::new(Shared {
-            stats: StatsHub::new(names, ds.cache.as_ref().map(|c| c.counters.clone())),
+            stats,
+            producer_profile,
             history: Mutex::new(VecDeque::new()),
             epoch_start: Mutex::new(HashMap::new()),
             shuffle: Mutex::new(ShuffleMirror::new(ph.tail.len())),
@@ -426,6 +448,7 @@ impl Run {
             store: ds.store.clone(),
             storage_baseline: ds.storage_baseline.clone(),
             shards: ds.shards.len(),
+            planned: (p.clone(), facts),
             threads: handles,
             runtime: Some(runtime),
         })
@@ -444,6 +467,87 @@ impl Run {
             given_up: s.given_up(),
         });
         st
+    }
+
+    /// The plan this run runs, with the optimizer's reasons (as [`Pipeline::explain`], with
+    /// the format the run listed), then what each operator measured so far next to what it
+    /// declared (time and bytes a sample, one sample in eight), and what the optimizer's
+    /// measurement-driven decisions would be with these numbers where they differ from the
+    /// declarations it planned with.
+    pub fn explain(&self) -> String {
+        let (p, facts) = &self.planned;
+        let mut s = crate::optimize::explain_with(p, facts);
+        let st = self.stats();
+        if st.operators.iter().all(|o| o.samples == 0) {
+            s.push_str(
+                "measured: nothing yet
+",
+            );
+            return s;
+        }
+        s.push_str(
+            "measured (one sample in 8):
+",
+        );
+        let kb = |b: Option<f64>| b.map_or("?".into(), |b| format!("{:.1} KB", b / 1000.0));
+        let ratio = |r: Option<f64>| r.map_or("none".into(), |r| format!("x{r:.2}"));
+        let ms = |n: Option<f64>| n.map_or("none".into(), |n| format!("{:.3} ms", n / 1e6));
+        for o in &st.operators {
+            if o.samples == 0 {
+                s.push_str(&format!(
+                    "  {}: not measured yet
+",
+                    o.name
+                ));
+                continue;
+            }
+            s.push_str(&format!(
+                "  {}: {} a sample (declared {}), {} -> {} ({}; declared {}), {} samples\n",
+                o.name,
+                ms(o.ns_per_sample),
+                ms(o.hint_ns),
+                kb(o.bytes_in_per_sample),
+                kb(o.bytes_out_per_sample),
+                ratio(o.size_ratio),
+                ratio(o.hint_size_ratio),
+                o.samples
+            ));
+        }
+        // The decisions that depend on measured sizes, made again with them.
+        let mut measured = facts.clone();
+        for o in &st.operators {
+            // A fused kernel stands for several operators of the plan: no one ratio each.
+            if let (Some(r), false) = (o.size_ratio, o.name.contains('+')) {
+                measured.measured_ratio.insert(o.index, r);
+            }
+        }
+        let again = crate::optimize::explain_with(p, &measured);
+        // The physical plan (the stages) of an explanation.
+        let stages = |text: &str| -> Vec<String> {
+            text.lines()
+                .skip_while(|l| *l != "physical:")
+                .take_while(|l| !l.starts_with("  because: "))
+                .map(str::to_string)
+                .collect()
+        };
+        if stages(&again) != stages(&s) {
+            s.push_str("with these measurements the plan would be (a run planned from them):\n");
+            for l in stages(&again).iter().skip(1) {
+                s.push_str(&format!("{l}\n"));
+            }
+            for l in again
+                .lines()
+                .filter(|l| l.starts_with("  because: moved shuffle"))
+            {
+                s.push_str(&format!("{l}\n"));
+            }
+            if !again.contains("moved shuffle") {
+                s.push_str(
+                    "  because: the measured sizes leave each shuffle where it was written\n",
+                );
+            }
+        }
+        s
     }
 
     /// Whether the source reads columns straight into batches (the columnar path; see

@@ -32,6 +32,7 @@ mod read_path;
 mod shuffle;
 
 pub use explain::explain;
+pub(crate) use explain::explain_with;
 pub(crate) use placement::{par_runs, INLINE_NS};
 pub(crate) use read_path::{read_path, ReadPath};
 

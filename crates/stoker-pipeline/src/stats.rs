@@ -47,6 +47,58 @@ pub struct StageStats {
     pub queue: (u64, u64),
 }
 
+/// What an operator measured while the run goes, for the optimizer's cost model and
+/// `Run::explain`: one sample in [`PROFILE_EVERY`] (chosen by its number in the epoch, so
+/// the same ones whatever the timing) is timed and weighed before and after the operator;
+/// a batch (an operator after `batch`) always is. Only those touch these counters, so the
+/// profile costs the others nothing.
+#[derive(Debug, Default)]
+pub(crate) struct OpProfile {
+    /// Samples timed and weighed (rows, for an operator on batches).
+    pub samples: AtomicU64,
+    pub busy_ns: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+}
+
+/// One sample in this many is profiled per operator (see [`OpProfile`]).
+pub(crate) const PROFILE_EVERY: u64 = 8;
+
+impl OpProfile {
+    /// One profiled item of `rows` samples: `ns` in the operator, `bytes_in` in and
+    /// `bytes_out` out.
+    pub(crate) fn note(&self, rows: u64, ns: u64, bytes_in: u64, bytes_out: u64) {
+        self.samples.fetch_add(rows, Ordering::Relaxed);
+        self.busy_ns.fetch_add(ns, Ordering::Relaxed);
+        self.bytes_in.fetch_add(bytes_in, Ordering::Relaxed);
+        self.bytes_out.fetch_add(bytes_out, Ordering::Relaxed);
+    }
+}
+
+/// An operator's measurements and declarations (`Stats::operators`): what the optimizer
+/// plans with and `Run::explain` shows.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct OperatorStats {
+    /// The operator as plans name it (a fused kernel: its operators joined by `+`).
+    pub name: String,
+    /// Its place in the plan as written (a fused kernel's: the crop's).
+    pub index: usize,
+    /// Samples measured (one in eight of those it ran on; every row of a batch).
+    pub samples: u64,
+    /// Nanoseconds per sample, measured.
+    pub ns_per_sample: Option<f64>,
+    /// Bytes per sample in and out, measured.
+    pub bytes_in_per_sample: Option<f64>,
+    /// Bytes per sample out, measured.
+    pub bytes_out_per_sample: Option<f64>,
+    /// Output bytes per input byte, measured.
+    pub size_ratio: Option<f64>,
+    /// What the operator declares: nanoseconds per sample.
+    pub hint_ns: Option<f64>,
+    /// What the operator declares: output bytes per input byte.
+    pub hint_size_ratio: Option<f64>,
+}
+
 /// Counters of the `cache` operator (see [`SampleCacheStats`]).
 #[derive(Debug, Default)]
 pub(crate) struct CacheCounters {
@@ -127,6 +179,9 @@ pub struct Stats {
     /// Where the batch stage found its samples' tensors, when the operator before it
     /// writes them into the batch's buffer (see `stoker_core::BatchSlots`).
     pub batch_slots: Option<BatchSlotStats>,
+    /// Each operator's measurements, in the order they run (the workers' first, then the
+    /// parallel stages').
+    pub operators: Vec<OperatorStats>,
 }
 
 /// The batch stage's slots: samples whose tensor was written in place by their operator,
@@ -154,10 +209,17 @@ pub(crate) struct StatsHub {
     pub skipped_errors: Mutex<Vec<Skipped>>,
     pub autotune: Mutex<Vec<(f64, u64, String)>>,
     pub cache: Option<Arc<CacheCounters>>,
+    /// Each operator that runs per item (its place in the plan, its declaration, its
+    /// profile), in the order they run.
+    pub operators: Vec<(usize, stoker_core::OpMeta, Arc<OpProfile>)>,
 }
 
 impl StatsHub {
-    pub(crate) fn new(names: Vec<String>, cache: Option<Arc<CacheCounters>>) -> StatsHub {
+    pub(crate) fn new(
+        names: Vec<String>,
+        cache: Option<Arc<CacheCounters>>,
+        operators: Vec<(usize, stoker_core::OpMeta)>,
+    ) -> StatsHub {
         StatsHub {
             started: Instant::now(),
             stages: names
@@ -172,7 +234,25 @@ impl StatsHub {
             skipped_errors: Mutex::new(Vec::new()),
             autotune: Mutex::new(Vec::new()),
             cache,
+            operators: operators
+                .into_iter()
+                .map(|(i, meta)| (i, meta, Arc::new(OpProfile::default())))
+                .collect(),
         }
+    }
+
+    /// The profiles of the operators at these places in the plan, in that order.
+    pub(crate) fn profiles(&self, indices: impl IntoIterator<Item = usize>) -> Vec<Arc<OpProfile>> {
+        indices
+            .into_iter()
+            .map(|i| {
+                self.operators
+                    .iter()
+                    .find(|(j, ..)| *j == i)
+                    .map(|(.., p)| p.clone())
+                    .unwrap_or_default()
+            })
+            .collect()
     }
 
     pub(crate) fn stage(&self, i: usize) -> Arc<StageCounters> {
@@ -237,6 +317,26 @@ impl StatsHub {
                 limit: Some(ld(&c.limit)).filter(|&l| l != u64::MAX),
             }),
             batch_slots: None,
+            operators: self
+                .operators
+                .iter()
+                .map(|(index, meta, p)| {
+                    let n = ld(&p.samples);
+                    let per = |a: &AtomicU64| (n > 0).then(|| ld(a) as f64 / n as f64);
+                    let (bin, bout) = (ld(&p.bytes_in), ld(&p.bytes_out));
+                    OperatorStats {
+                        name: meta.name.clone(),
+                        index: *index,
+                        samples: n,
+                        ns_per_sample: per(&p.busy_ns),
+                        bytes_in_per_sample: per(&p.bytes_in),
+                        bytes_out_per_sample: per(&p.bytes_out),
+                        size_ratio: (n > 0 && bin > 0).then(|| bout as f64 / bin as f64),
+                        hint_ns: meta.cost_ns,
+                        hint_size_ratio: meta.size_ratio,
+                    }
+                })
+                .collect(),
         }
     }
 }

@@ -920,3 +920,40 @@ fn a_one_epoch_run_keeps_no_blocks_in_memory_and_two_epochs_do() {
     assert!(m2.cache.memory_hits > 0, "{:?}", m2.cache);
     assert_eq!(m2.get_requests, one.stats().storage.unwrap().get_requests);
 }
+
+#[test]
+fn operators_are_profiled_and_run_explain_compares_measurements_with_declarations() {
+    // It declares that it makes a record a tenth of its size; in fact it makes it 20 times.
+    let grow = FnOp::new(OpMeta::new("grow").with_size_ratio(0.1), |mut s, _| {
+        let t = s.get("txt").and_then(Value::as_bytes).unwrap().to_vec();
+        s.insert("txt", Value::Bytes(t.repeat(20).into()));
+        Ok(Some(s))
+    });
+    let p = shards().map(grow).shuffle(16).seed(1);
+    // Planned from the declaration: the buffer stays after it, as written.
+    assert!(!p.explain().contains("moved shuffle"), "{}", p.explain());
+    let mut run = p.run().unwrap();
+    assert_eq!(run.by_ref().map(Result::unwrap).count(), 203);
+    let st = run.stats();
+    assert_eq!(st.operators.len(), 1);
+    let op = &st.operators[0];
+    assert_eq!((op.name.as_str(), op.index), ("grow", 0));
+    // One sample in eight, by its number in the epoch: 203 samples, 26 of them.
+    assert_eq!(op.samples, 26);
+    let r = op.size_ratio.unwrap();
+    assert!(r > 3.0, "measured ratio {r}");
+    assert_eq!(op.hint_size_ratio, Some(0.1));
+    assert!(op.ns_per_sample.unwrap() > 0.0);
+    let e = run.explain();
+    assert!(e.contains("measured (one sample in 8):"), "{e}");
+    assert!(e.contains("  grow: "), "{e}");
+    assert!(e.contains("declared x0.10"), "{e}");
+    // Planned from the measurement, the buffer would go before it.
+    assert!(
+        e.contains("with these measurements the plan would be"),
+        "{e}"
+    );
+    assert!(e.contains("moved shuffle(16) before grow"), "{e}");
+    assert!(e.contains("grow x"), "{e}");
+    assert!(e.contains(" measured"), "{e}");
+}

@@ -156,6 +156,12 @@ impl PyRun {
         json_loads(py, &text)
     }
 
+    /// The plan this run runs, with the optimizer's reasons, then what each operator measured
+    /// so far against what it declared (the engine's `Run::explain`).
+    fn explain(&self, py: Python<'_>) -> PyResult<String> {
+        self.with_run(py, |r| r.explain())
+    }
+
     /// The position after the last item this run yielded, as JSON-able Python objects;
     /// `Pipeline.resume` continues from it.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

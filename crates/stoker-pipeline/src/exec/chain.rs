@@ -12,7 +12,7 @@ use crate::ops::{checked, OpContext};
 use crate::pack::BLOCK_SHARD;
 use crate::source::{Dataset, Element, Pos};
 use crate::state::Key;
-use crate::stats::StageCounters;
+use crate::stats::{OpProfile, StageCounters, PROFILE_EVERY};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,6 +31,9 @@ pub(super) struct How<'a> {
     pub(super) budget: Option<Charging<'a>>,
     /// Each operator's statistics, when each is a stage of its own (a parallel stage's).
     pub(super) counters: Option<&'a [Arc<StageCounters>]>,
+    /// Each operator's profile (time and bytes of one sample in
+    /// [`PROFILE_EVERY`](crate::stats::PROFILE_EVERY), every batch), when it is measured.
+    pub(super) profile: Option<&'a [Arc<OpProfile>]>,
     /// The batch stage's slots, which the chain's last operator writes into.
     pub(super) slots: Option<&'a Arc<BatchSlots>>,
     /// Learn what the operators make of a sample for the source's reservations (the
@@ -47,6 +50,7 @@ impl<'a> How<'a> {
             ds,
             budget: None,
             counters: None,
+            profile: None,
             slots: None,
             learn: false,
         }
@@ -67,8 +71,11 @@ pub(super) fn sample_through(
     // The most the sample needed at once (its bytes and what an operator charged).
     let mut peak = 0u64;
     let mut now = before;
+    // One sample in PROFILE_EVERY is timed and weighed at each operator.
+    let profile = how.profile.filter(|_| el.seq.is_multiple_of(PROFILE_EVERY));
     for (k, (i, op)) in ops.iter().enumerate() {
         let c = how.counters.map(|c| &*c[k]);
+        let p0 = profile.map(|_| (Instant::now(), el.sample.size_bytes() as u64));
         let t0 = c.map(|c| {
             c.add(&c.items_in, 1);
             Instant::now()
@@ -81,6 +88,10 @@ pub(super) fn sample_through(
             ctx = ctx.with_batch_slots(s.clone(), el.seq);
         }
         let r = op.apply(el.sample, &mut ctx);
+        if let (Some(p), Some((t, bytes_in)), Ok(Some(s))) = (profile, p0, &r) {
+            let ns = t.elapsed().as_nanos() as u64;
+            p[k].note(1, ns, bytes_in, s.size_bytes() as u64);
+        }
         if how.budget.is_some() {
             let (hold, need) = ctx.take_hold();
             el.hold = hold;
@@ -131,7 +142,12 @@ pub(super) fn batch_through(
             Instant::now()
         });
         let mut cx = OpContext::new(how.seed, how.epoch, first.shard, first.record, *i);
+        let p0 = how.profile.map(|_| (Instant::now(), b.size_bytes() as u64));
         let r = op.apply_batch(b, &mut cx);
+        if let (Some(p), Some((t, bytes_in)), Some(Ok(Some(out)))) = (how.profile, p0, &r) {
+            let ns = t.elapsed().as_nanos() as u64;
+            p[k].note(rows as u64, ns, bytes_in, out.size_bytes() as u64);
+        }
         if let (Some(c), Some(t0)) = (c, t0) {
             c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
         }
@@ -184,6 +200,7 @@ pub(super) fn apply_par(
     let how = How {
         budget: Some(budget),
         counters: Some(&run.counters),
+        profile: Some(&run.profile),
         ..How::plain(seed, epoch, ds)
     };
     Ok(match flow {

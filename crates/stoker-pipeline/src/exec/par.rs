@@ -28,6 +28,8 @@ pub(super) struct ParOps {
     pub(super) ops: Vec<(usize, Arc<dyn SampleOp>)>,
     /// Each operator's statistics (its tail stage's).
     pub(super) counters: Vec<Arc<StageCounters>>,
+    /// Each operator's profile (see [`crate::stats::OpProfile`]).
+    pub(super) profile: Vec<Arc<crate::stats::OpProfile>>,
     /// The running average of nanoseconds per item through all of `ops` (0 until
     /// measured), on the workers or the tail: sizes hand-offs and the number of items in
     /// flight, and decides where the stage runs ([`INLINE_NS`]).
@@ -51,9 +53,11 @@ impl ParOps {
                     let counters = (j..j + ops.len())
                         .map(|k| stats.stage(tail_offset + k))
                         .collect();
+                    let profile = stats.profiles(ops.iter().map(|(i, _)| *i));
                     Arc::new(ParOps {
                         ops,
                         counters,
+                        profile,
                         cost_ns: AtomicU64::new(0),
                     })
                 })

@@ -14,7 +14,7 @@ use crate::ops::SampleOp;
 use crate::optimize::producer_name;
 use crate::source::{Dataset, Produced};
 use crate::state::Key;
-use crate::stats::StageCounters;
+use crate::stats::{OpProfile, StageCounters};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -129,7 +129,12 @@ pub(super) fn worker(
         let slots = shared.slots.as_ref();
         for p in chunk {
             let stages = (stage.as_deref(), collating.as_deref());
-            let ops = (producer, slots, shared.charging());
+            let ops = (
+                producer,
+                slots,
+                shared.charging(),
+                &shared.producer_profile[..],
+            );
             results.push(run_one(p, ops, seed, epoch, ds, stages));
         }
         let busy = t1.elapsed().as_nanos() as u64;
@@ -154,10 +159,19 @@ pub(super) fn worker(
 /// A producer operator and its index in the pipeline.
 pub(super) type ProducerOp = (usize, Arc<dyn SampleOp>);
 
+/// What the workers apply to each sample: the producer's operators, the batch slots its
+/// last one writes into, the budget, and the operators' profiles.
+pub(super) type ProducerRun<'a> = (
+    &'a [ProducerOp],
+    Option<&'a Arc<BatchSlots>>,
+    Charging<'a>,
+    &'a [Arc<OpProfile>],
+);
+
 /// One sample through the producer operators (a panic in an operator is its error).
 pub(super) fn run_one(
     p: Produced,
-    (producer, slots, budget): (&[ProducerOp], Option<&Arc<BatchSlots>>, Charging<'_>),
+    (producer, slots, budget, profile): ProducerRun<'_>,
     seed: u64,
     epoch: u64,
     ds: &Dataset,
@@ -193,6 +207,7 @@ pub(super) fn run_one(
                 let how = How {
                     budget: Some(budget),
                     slots,
+                    profile: Some(profile),
                     learn: true,
                     ..How::plain(seed, epoch, ds)
                 };

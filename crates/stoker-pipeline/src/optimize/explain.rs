@@ -6,9 +6,15 @@ use super::{
 };
 use crate::plan::{FormatChoice, Pipeline};
 
-/// Describes the plan the optimizer produces for `p` (stage names and its reasons).
+/// Describes the plan the optimizer produces for `p` (stage names and its reasons), from
+/// what the pipeline tells before a run.
 pub fn explain(p: &Pipeline) -> String {
-    let mut ph = optimize(&p.ops, &Facts::of(p), &p.options.disable);
+    explain_with(p, &Facts::of(p))
+}
+
+/// [`explain`] with what a run knows (`facts`: the format it listed, what it measured).
+pub(crate) fn explain_with(p: &Pipeline, facts: &Facts) -> String {
+    let mut ph = optimize(&p.ops, facts, &p.options.disable);
     let mut s = String::from("logical:\n");
     for op in &p.ops {
         s.push_str(&format!("  {}\n", op_name(op)));
