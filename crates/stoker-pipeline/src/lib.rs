@@ -57,4 +57,6 @@ pub use plan::{
 pub use source::{Pos, SourceCursor};
 pub use spec::PipelineSpec;
 pub use state::{ItemPos, PipelineState, StageState};
-pub use stats::{BatchSlotStats, MemoryStats, SampleCacheStats, Skipped, StageStats, Stats};
+pub use stats::{
+    BatchSlotStats, MemoryStats, OperatorStats, SampleCacheStats, Skipped, StageStats, Stats,
+};

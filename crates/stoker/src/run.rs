@@ -37,6 +37,9 @@ pub struct RunReport {
     pub batch_slots: Option<stoker_pipeline::BatchSlotStats>,
     pub skipped_errors: Vec<String>,
     pub autotune: Vec<(f64, u64, String)>,
+    /// Each operator's measured time and bytes a sample (one sample in eight) against its
+    /// declaration.
+    pub operators: Vec<stoker_pipeline::OperatorStats>,
 }
 
 /// This process's peak resident set (VmHWM), in bytes.
@@ -142,6 +145,7 @@ fn run_blocking(
         batch_slots: st.batch_slots,
         skipped_errors: st.skipped_errors.iter().map(|s| s.error.clone()).collect(),
         autotune: st.autotune.clone(),
+        operators: st.operators.clone(),
     };
     let mut out = std::io::stdout().lock();
     if a.json {
@@ -214,6 +218,28 @@ fn print_summary(out: &mut impl Write, r: &RunReport, st: &Stats) -> std::io::Re
             "{:<44} {:>10} {:>10} {:>8} {:>9.2} {:>9.2}",
             s.name, s.items_in, s.items_out, s.dropped, s.busy_s, s.wait_s
         )?;
+    }
+    if r.operators.iter().any(|o| o.samples > 0) {
+        writeln!(
+            out,
+            "{:<44} {:>10} {:>12} {:>12} {:>8} {:>8}",
+            "operator (one sample in 8)", "ms/sample", "KB in", "KB out", "ratio", "declared"
+        )?;
+        let f = |v: Option<f64>, scale: f64, digits: usize| {
+            v.map_or("-".to_string(), |v| format!("{:.*}", digits, v / scale))
+        };
+        for o in &r.operators {
+            writeln!(
+                out,
+                "{:<44} {:>10} {:>12} {:>12} {:>8} {:>8}",
+                o.name,
+                f(o.ns_per_sample, 1e6, 3),
+                f(o.bytes_in_per_sample, 1e3, 1),
+                f(o.bytes_out_per_sample, 1e3, 1),
+                f(o.size_ratio, 1.0, 2),
+                f(o.hint_size_ratio, 1.0, 2),
+            )?;
+        }
     }
     if r.skipped > 0 {
         writeln!(out, "skipped {} (policy: skip):", r.skipped)?;
