@@ -420,7 +420,7 @@ class Pipeline:
         connections carry over to the next run, such as the next epoch; default false,
         and true in :class:`stoker.torch.Dataset`; ``stoker.io.clear_cache()`` lets the
         shared stores go), ``disable`` (optimizer passes to turn off, for ablation and
-        debugging: ``"shuffle"``, ``"fusion"``; :meth:`explain` shows what each decided)."""
+        debugging: ``"shuffle"``, ``"cache"``, ``"fusion"``; :meth:`explain` shows what each decided)."""
         if threads is not None:
             threads = _count("threads", threads, 1)
         if window is not None:

@@ -77,6 +77,7 @@
 mod chain;
 mod feed;
 mod marks;
+mod opcache;
 mod par;
 mod report;
 mod restore;
@@ -173,6 +174,8 @@ struct Shared {
     warm: AtomicBool,
     /// The profiles of the workers' operators (see [`crate::stats::OpProfile`]).
     producer_profile: Vec<Arc<crate::stats::OpProfile>>,
+    /// The workers' cache of samples at the optimizer's cache point, when the plan has one.
+    op_cache: Option<Arc<opcache::OpCache>>,
 }
 
 impl Shared {
@@ -272,8 +275,23 @@ impl Run {
             });
         }
         let ds = Arc::new(ds);
+        // The bytes an epoch reads (this rank's and part's share of them), when the listing
+        // gives every size; the room a cache of samples may take: half the budget, a
+        // quarter next to the pipeline's own `cache` (which takes half).
+        let input_bytes = ds
+            .shards
+            .iter()
+            .map(|s| s.size)
+            .sum::<Option<u64>>()
+            .map(|b| match p.rank {
+                Some(r) if r.splits() => b / (r.world as u64 * r.parts.max(1) as u64),
+                _ => b,
+            });
         let facts = Facts {
             per_object: Some(ds.per_object),
+            epochs: p.epochs,
+            input_bytes,
+            cache_room: Some(budget.limit() / if p.cache { 4 } else { 2 }),
             ..Facts::default()
         };
         let mut ph = optimize(&p.ops, &facts, &p.options.disable);
@@ -348,15 +366,20 @@ impl Run {
                 _ => None,
             }))
             .collect();
-        let stats = StatsHub::new(
+        let mut stats = StatsHub::new(
             names,
             ds.cache.as_ref().map(|c| c.counters.clone()),
             operators,
         );
+        let op_cache = ph
+            .cache
+            .map(|c| Arc::new(opcache::OpCache::new(c.after, c.limit, budget.clone())));
+        stats.sample_cache = op_cache.as_ref().map(|c| c.counters.clone());
         let producer_profile = stats.profiles(ph.producer.iter().map(|(i, _)| *i));
         let shared = Arc::new(Shared {
             stats,
             producer_profile,
+            op_cache,
             history: Mutex::new(VecDeque::new()),
             epoch_start: Mutex::new(HashMap::new()),
             shuffle: Mutex::new(ShuffleMirror::new(ph.tail.len())),

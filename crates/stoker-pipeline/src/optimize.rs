@@ -25,6 +25,7 @@
 //! that pushes its reasons, a call in [`optimize`] (and a name in [`PASSES`] if it can be
 //! turned off), and unit tests next to it.
 
+mod cache;
 mod explain;
 mod fusion;
 mod placement;
@@ -45,7 +46,7 @@ use std::sync::Arc;
 use stoker_core::CollatePolicy;
 
 /// The passes that can be turned off, by name (`RunOptions::disable`).
-pub const PASSES: &[&str] = &["shuffle", "fusion"];
+pub const PASSES: &[&str] = &["shuffle", "cache", "fusion"];
 
 /// What the passes know of the data beyond the plan (see each field).
 #[derive(Debug, Clone, Default)]
@@ -56,6 +57,15 @@ pub(crate) struct Facts {
     /// Output bytes per input byte of operators a run has measured, by their index in the
     /// logical plan (they win over the operators' hints).
     pub(crate) measured_ratio: std::collections::HashMap<usize, f64>,
+    /// Nanoseconds per sample of operators a run has measured, by their index in the
+    /// logical plan (they win over the operators' declared costs).
+    pub(crate) measured_ns: std::collections::HashMap<usize, f64>,
+    /// Epochs the run reads (`None`: no end).
+    pub(crate) epochs: Option<u64>,
+    /// The bytes the source reads in an epoch, when the listing gives every object's size.
+    pub(crate) input_bytes: Option<u64>,
+    /// What a cache of samples may hold: half the run's memory budget (known to a run).
+    pub(crate) cache_room: Option<u64>,
 }
 
 impl Facts {
@@ -70,13 +80,18 @@ impl Facts {
         };
         Facts {
             per_object,
+            epochs: p.epochs,
             ..Facts::default()
         }
     }
 }
 
+pub(crate) use cache::CachePlan;
+
 /// The physical plan: producer ops (parallel) and tail stages (sequential).
 pub(crate) struct Physical {
+    /// Where the workers keep samples for later epochs (see [`cache`]).
+    pub(crate) cache: Option<CachePlan>,
     /// The source permutes each epoch's objects (a shuffle made a permutation, see
     /// [`shuffle`]).
     pub(crate) permute: bool,
@@ -135,6 +150,11 @@ pub(crate) fn optimize(ops: &[Op], facts: &Facts, disabled: &[String]) -> Physic
     ph.permute = placed.permute;
     explain.append(&mut ph.explain);
     ph.explain = explain;
+    let ph = if off("cache") {
+        ph
+    } else {
+        cache::place_cache(ph, facts, !off("fusion"))
+    };
     let ph = if off("fusion") { ph } else { fusion::fuse(ph) };
     placement::prefetch(ph)
 }

@@ -189,8 +189,8 @@ pub struct RunOptions {
     /// object store, none for local files; `cache_memory` sets it).
     pub share_store: bool,
     /// Optimizer passes to turn off, by name (see `optimize::PASSES`: `"shuffle"`,
-    /// `"fusion"`): the plan is then the one without their rewrites, for ablation and
-    /// debugging (default: none).
+    /// `"cache"`, `"fusion"`): the plan is then the one without their rewrites, for ablation
+    /// and debugging (default: none).
     pub disable: Vec<String>,
 }
 

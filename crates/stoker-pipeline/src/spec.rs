@@ -39,7 +39,7 @@
 //! memory_limit = "2GiB"
 //! columnar = true                    # Parquet straight into batches when identical
 //! share_store = false                # true: the process's store, kept for later runs
-//! disable = []                       # optimizer passes to turn off: "shuffle", "fusion"
+//! disable = []                       # optimizer passes to turn off: "shuffle", "cache", "fusion"
 //!
 //! [store]                            # store options, the same keys as `--option`
 //! endpoint = "http://127.0.0.1:9000"
@@ -159,7 +159,7 @@ pub struct OptionsSpec {
     /// Read through the process's shared store (default false; see [`crate::shared`]).
     #[serde(default)]
     pub share_store: Option<bool>,
-    /// Optimizer passes to turn off (`"shuffle"`, `"fusion"`; see
+    /// Optimizer passes to turn off (`"shuffle"`, `"cache"`, `"fusion"`; see
     /// [`RunOptions::disable`]).
     #[serde(default)]
     pub disable: Option<Vec<String>>,

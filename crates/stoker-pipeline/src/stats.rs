@@ -111,6 +111,20 @@ pub(crate) struct CacheCounters {
     pub limit: AtomicU64,
 }
 
+impl CacheCounters {
+    pub(crate) fn snapshot(&self) -> SampleCacheStats {
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        SampleCacheStats {
+            hits: ld(&self.hits),
+            stored: ld(&self.stored),
+            stored_bytes: ld(&self.stored_bytes),
+            over_limit: ld(&self.over_limit),
+            bytes: ld(&self.bytes),
+            limit: Some(ld(&self.limit)).filter(|&l| l != u64::MAX),
+        }
+    }
+}
+
 /// The `cache` operator's numbers: what it served, stored and could not keep.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SampleCacheStats {
@@ -176,6 +190,9 @@ pub struct Stats {
     pub storage: Option<stoker_store::MetricsSnapshot>,
     /// The `cache` operator's numbers, when the pipeline has one.
     pub cache: Option<SampleCacheStats>,
+    /// The optimizer's cache of samples at its cache point (decoded images, when the run
+    /// has one; see `docs/pipeline.md`, The optimizer): `hits` and `stored` count samples.
+    pub sample_cache: Option<SampleCacheStats>,
     /// Where the batch stage found its samples' tensors, when the operator before it
     /// writes them into the batch's buffer (see `stoker_core::BatchSlots`).
     pub batch_slots: Option<BatchSlotStats>,
@@ -209,6 +226,8 @@ pub(crate) struct StatsHub {
     pub skipped_errors: Mutex<Vec<Skipped>>,
     pub autotune: Mutex<Vec<(f64, u64, String)>>,
     pub cache: Option<Arc<CacheCounters>>,
+    /// The optimizer's cache of samples, when the run has one.
+    pub sample_cache: Option<Arc<CacheCounters>>,
     /// Each operator that runs per item (its place in the plan, its declaration, its
     /// profile), in the order they run.
     pub operators: Vec<(usize, stoker_core::OpMeta, Arc<OpProfile>)>,
@@ -234,6 +253,7 @@ impl StatsHub {
             skipped_errors: Mutex::new(Vec::new()),
             autotune: Mutex::new(Vec::new()),
             cache,
+            sample_cache: None,
             operators: operators
                 .into_iter()
                 .map(|(i, meta)| (i, meta, Arc::new(OpProfile::default())))
@@ -308,14 +328,8 @@ impl StatsHub {
                 Some(b) => s.metrics().since(b),
                 None => s.metrics(),
             }),
-            cache: self.cache.as_ref().map(|c| SampleCacheStats {
-                hits: ld(&c.hits),
-                stored: ld(&c.stored),
-                stored_bytes: ld(&c.stored_bytes),
-                over_limit: ld(&c.over_limit),
-                bytes: ld(&c.bytes),
-                limit: Some(ld(&c.limit)).filter(|&l| l != u64::MAX),
-            }),
+            cache: self.cache.as_deref().map(CacheCounters::snapshot),
+            sample_cache: self.sample_cache.as_deref().map(CacheCounters::snapshot),
             batch_slots: None,
             operators: self
                 .operators

@@ -508,7 +508,7 @@ fn an_unknown_pass_to_disable_is_refused_naming_the_passes() {
         e.to_string().contains("unknown optimizer pass \"shufle\""),
         "{e}"
     );
-    assert!(e.to_string().contains("shuffle, fusion"), "{e}");
+    assert!(e.to_string().contains("shuffle, cache, fusion"), "{e}");
 }
 
 #[test]
@@ -956,4 +956,89 @@ fn operators_are_profiled_and_run_explain_compares_measurements_with_declaration
     assert!(e.contains("moved shuffle(16) before grow"), "{e}");
     assert!(e.contains("grow x"), "{e}");
     assert!(e.contains(" measured"), "{e}");
+}
+
+#[test]
+fn a_multi_epoch_run_caches_what_its_deterministic_head_makes_and_yields_the_same() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    // A costly deterministic operator (it declares 1 ms a sample, doubling its size), then a
+    // random one: the samples as the first leaves them are worth keeping for later epochs.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let costly = {
+        let calls = calls.clone();
+        FnOp::new(
+            OpMeta::new("costly").with_cost_ns(1e6).with_size_ratio(2.0),
+            move |mut s, _| {
+                calls.fetch_add(1, Ordering::Relaxed);
+                let t = s.get("txt").and_then(Value::as_bytes).unwrap().to_vec();
+                s.insert("txt", Value::Bytes(t.repeat(2).into()));
+                Ok(Some(s))
+            },
+        )
+    };
+    let p = files()
+        .map(costly)
+        .map(Builtin::Fields(FieldOp::RandomInt {
+            to: "r".into(),
+            below: 1000,
+        }))
+        .epochs(Some(3))
+        .seed(4);
+    let mut run = p.run().unwrap();
+    let cached: Vec<Item> = run.by_ref().map(Result::unwrap).collect();
+    let st = run.stats();
+    let c = st.sample_cache.expect("the run keeps a cache");
+    assert_eq!((c.stored, c.hits, c.over_limit), (57, 114, 0));
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        57,
+        "the head ran once a sample"
+    );
+    let plan = run.explain();
+    assert!(plan.contains("a cache after map[costly]: "), "{plan}");
+    // Without the pass: the head runs every epoch, and the samples are the same.
+    calls.store(0, Ordering::Relaxed);
+    let off = p
+        .clone()
+        .options(RunOptions::default().with_disabled_passes(["cache"]));
+    let mut run = off.run().unwrap();
+    let uncached: Vec<Item> = run.by_ref().map(Result::unwrap).collect();
+    assert!(run.stats().sample_cache.is_none());
+    assert_eq!(calls.load(Ordering::Relaxed), 3 * 57);
+    assert_eq!(cached.len(), 3 * 57);
+    assert_eq!(cached, uncached);
+}
+
+#[test]
+fn the_sample_cache_stays_within_its_limit_and_what_does_not_fit_is_made_again() {
+    // Samples of 1 MiB after the head, 8 MiB of budget: the cache may hold 4 MiB.
+    let grow = FnOp::new(
+        OpMeta::new("grow").with_cost_ns(1e6).with_size_ratio(1.0),
+        |mut s, _| {
+            s.insert("big", Value::Bytes(vec![1u8; 1 << 20].into()));
+            Ok(Some(s))
+        },
+    );
+    let p = files()
+        .map(grow)
+        .map(Builtin::Fields(FieldOp::RandomInt {
+            to: "r".into(),
+            below: 1000,
+        }))
+        .epochs(Some(2))
+        .options(
+            RunOptions::default()
+                .with_memory_limit(8 << 20)
+                .with_threads(2),
+        );
+    let mut run = p.run().unwrap();
+    let n = run.by_ref().map(Result::unwrap).count();
+    assert_eq!(n, 2 * 57);
+    let st = run.stats();
+    let c = st.sample_cache.expect("a cache: the declared sizes fit");
+    assert_eq!(c.limit, Some(4 << 20));
+    assert!(c.bytes <= 4 << 20, "{c:?}");
+    assert!(c.stored >= 1 && c.over_limit >= 1, "{c:?}");
+    assert!(c.hits >= 1 && c.hits <= c.stored, "{c:?}");
 }

@@ -6,7 +6,8 @@
 //! request, then:
 //!
 //! 1. runs the ImageNet training pipeline (decode, RandomResizedCrop 224, horizontal flip,
-//!    normalize to float32 CHW, batches of 64) through the engine for two shuffled epochs;
+//!    normalize to float32 CHW, batches of 64) through the engine for two shuffled epochs
+//!    (the optimizer keeps the decoded images for the second when they fit in the budget);
 //! 2. runs a naive loader over the same objects in the same run: per image one GET, then a
 //!    full decode and the same transforms, in a thread pool as large as the engine's (what a
 //!    `DataLoader` with one worker per core does), with no cache, for the same epochs;
@@ -74,7 +75,8 @@ struct PipelineReport {
     /// The pipeline, as `stoker run` takes it.
     spec: String,
     epochs: u64,
-    /// Decoded images, every epoch.
+    /// Images delivered, every epoch (each decoded in the first; later epochs start from the
+    /// optimizer's sample cache of decoded images when the budget holds them).
     images: u64,
     batches: u64,
     seconds: f64,

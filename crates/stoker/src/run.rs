@@ -31,6 +31,8 @@ pub struct RunReport {
     pub stages: Vec<stoker_pipeline::StageStats>,
     /// The `cache` op's numbers (hits, stored, over_limit, bytes, limit); `null` without one.
     pub cache: Option<stoker_pipeline::SampleCacheStats>,
+    /// The optimizer's cache of samples (decoded images) for later epochs; `null` without one.
+    pub sample_cache: Option<stoker_pipeline::SampleCacheStats>,
     /// Samples the batch stage found already in place in its buffer (written there by the
     /// operator before it) and those it copied; `null` when the batch does not follow an
     /// operator directly.
@@ -142,6 +144,7 @@ fn run_blocking(
         first_item_s,
         stages: st.stages.clone(),
         cache: st.cache.clone(),
+        sample_cache: st.sample_cache.clone(),
         batch_slots: st.batch_slots,
         skipped_errors: st.skipped_errors.iter().map(|s| s.error.clone()).collect(),
         autotune: st.autotune.clone(),
@@ -187,6 +190,16 @@ fn print_summary(out: &mut impl Write, r: &RunReport, st: &Stats) -> std::io::Re
             c.limit
                 .map(|l| format!(" of {:.1} MiB", l as f64 / (1 << 20) as f64))
                 .unwrap_or_default()
+        )?;
+    }
+    if let Some(c) = &r.sample_cache {
+        writeln!(
+            out,
+            "sample cache: {} samples served, {} stored ({:.1} MiB), {} not stored (no room)",
+            c.hits,
+            c.stored,
+            c.stored_bytes as f64 / (1 << 20) as f64,
+            c.over_limit
         )?;
     }
     if let Some(b) = &r.batch_slots {

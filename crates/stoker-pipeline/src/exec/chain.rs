@@ -4,6 +4,7 @@
 //! error locations and checks (a map that drops an item without declaring itself a filter
 //! is an error; an operator on batches keeps the rows).
 
+use super::opcache::OpCache;
 use super::par::ParOps;
 use super::runtime::Charging;
 use super::tail::Flow;
@@ -36,6 +37,8 @@ pub(super) struct How<'a> {
     pub(super) profile: Option<&'a [Arc<OpProfile>]>,
     /// The batch stage's slots, which the chain's last operator writes into.
     pub(super) slots: Option<&'a Arc<BatchSlots>>,
+    /// The cache of samples at the chain's cache point (the workers' chain only).
+    pub(super) cache: Option<&'a OpCache>,
     /// Learn what the operators make of a sample for the source's reservations (the
     /// producer's chain: the source's estimate is for it).
     pub(super) learn: bool,
@@ -52,6 +55,7 @@ impl<'a> How<'a> {
             counters: None,
             profile: None,
             slots: None,
+            cache: None,
             learn: false,
         }
     }
@@ -73,7 +77,19 @@ pub(super) fn sample_through(
     let mut now = before;
     // One sample in PROFILE_EVERY is timed and weighed at each operator.
     let profile = how.profile.filter(|_| el.seq.is_multiple_of(PROFILE_EVERY));
-    for (k, (i, op)) in ops.iter().enumerate() {
+    // A sample the cache holds starts at the cache point, as the operators before it left it.
+    let mut start = 0;
+    if let Some(c) = how.cache {
+        if let Some(s) = c.get(el.pos) {
+            el.sample = s;
+            now = el.sample.size_bytes();
+            start = c.after;
+        }
+    }
+    for (k, (i, op)) in ops.iter().enumerate().skip(start) {
+        if let Some(c) = how.cache.filter(|c| k == c.after && start == 0) {
+            c.put(el.pos, &el.sample);
+        }
         let c = how.counters.map(|c| &*c[k]);
         let p0 = profile.map(|_| (Instant::now(), el.sample.size_bytes() as u64));
         let t0 = c.map(|c| {

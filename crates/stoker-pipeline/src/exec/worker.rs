@@ -134,6 +134,7 @@ pub(super) fn worker(
                 slots,
                 shared.charging(),
                 &shared.producer_profile[..],
+                shared.op_cache.as_deref(),
             );
             results.push(run_one(p, ops, seed, epoch, ds, stages));
         }
@@ -166,12 +167,13 @@ pub(super) type ProducerRun<'a> = (
     Option<&'a Arc<BatchSlots>>,
     Charging<'a>,
     &'a [Arc<OpProfile>],
+    Option<&'a super::opcache::OpCache>,
 );
 
 /// One sample through the producer operators (a panic in an operator is its error).
 pub(super) fn run_one(
     p: Produced,
-    (producer, slots, budget, profile): ProducerRun<'_>,
+    (producer, slots, budget, profile, cache): ProducerRun<'_>,
     seed: u64,
     epoch: u64,
     ds: &Dataset,
@@ -207,6 +209,7 @@ pub(super) fn run_one(
                 let how = How {
                     budget: Some(budget),
                     slots,
+                    cache,
                     profile: Some(profile),
                     learn: true,
                     ..How::plain(seed, epoch, ds)

@@ -12,7 +12,22 @@ use std::sync::Arc;
 /// each with its reason, and a reason when the producer then has several operators (one
 /// worker stage).
 pub(crate) fn fuse(mut ph: Physical) -> Physical {
-    ph.producer = fuse_kernels(std::mem::take(&mut ph.producer), &mut ph.explain);
+    let producer = std::mem::take(&mut ph.producer);
+    ph.producer = match ph.cache {
+        // Nothing fuses across the cache point: the operators before it fill the cache.
+        Some(c) => {
+            let mut tail = producer;
+            let head = tail.drain(..c.after.min(tail.len())).collect();
+            let mut fused = fuse_kernels(head, &mut ph.explain);
+            let after = fused.len();
+            fused.extend(fuse_kernels(tail, &mut ph.explain));
+            if let Some(c) = ph.cache.as_mut() {
+                c.after = after;
+            }
+            fused
+        }
+        None => fuse_kernels(producer, &mut ph.explain),
+    };
     let mut tail = Vec::with_capacity(ph.tail.len());
     let mut run: Vec<(usize, Arc<dyn SampleOp>)> = Vec::new();
     for t in std::mem::take(&mut ph.tail) {
@@ -35,6 +50,12 @@ pub(crate) fn fuse(mut ph: Physical) -> Physical {
         ));
     }
     ph
+}
+
+/// `ops` with their fused kernels (see [`fuse_kernels`]), without the reasons: for the
+/// cache pass, which compares costs with and without fusion.
+pub(crate) fn fused(ops: Vec<(usize, Arc<dyn SampleOp>)>) -> Vec<(usize, Arc<dyn SampleOp>)> {
+    fuse_kernels(ops, &mut Vec::new())
 }
 
 /// Replaces runs of adjacent operators that have a fused kernel (a decode then a random

@@ -56,6 +56,7 @@ pub(crate) fn place_indexed(ops: &[(usize, Op)]) -> Physical {
         tail.push(stage);
     }
     Physical {
+        cache: None,
         permute: false,
         producer,
         tail,

@@ -320,6 +320,7 @@ mod tests {
         let f = Facts {
             per_object: Some(false),
             measured_ratio: HashMap::from([(0, 0.5)]),
+            ..Facts::default()
         };
         let mut why = Vec::new();
         let placed = place_shuffles(&ops, &f, &mut why);
@@ -328,6 +329,7 @@ mod tests {
         let f = Facts {
             per_object: Some(false),
             measured_ratio: HashMap::from([(0, 3.0)]),
+            ..Facts::default()
         };
         let placed = place_shuffles(&ops, &f, &mut why);
         assert_eq!(names(&placed), ["shuffle(10)", "decode"]);
