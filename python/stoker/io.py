@@ -146,8 +146,9 @@ def ls(
 
 
 def clear_cache() -> None:
-    """Lets the shared stores go, with their cached blocks and connections: later opens,
-    and later runs of pipelines with ``share_store`` (as :class:`stoker.torch.Dataset`'s
+    """Lets the shared stores go, with their cached blocks and connections, and the samples
+    the optimizer's cache kept for later runs over them (decoded images): later opens, and
+    later runs of pipelines with ``share_store`` (as :class:`stoker.torch.Dataset`'s
     epochs), start afresh. Files still open and runs still going keep reading through
     their store until they end."""
     _native.clear_stores()

@@ -190,7 +190,9 @@ class Dataset(tud.IterableDataset):
     pipeline sets it), so an epoch reads from the block cache what earlier ones left there,
     as one run would: from object storage, up to half the memory budget by default
     (``cache_memory`` sets the size, ``cache_memory=0`` turns it off, ``cache_dir`` adds a
-    disk tier; local files are not copied, the page cache holds them).
+    disk tier; local files are not copied, the page cache holds them), and the optimizer's
+    sample cache (the decoded images, when they fit in half the budget) serves the epochs
+    after the first, as in one run (``run.explain()`` says whether it was placed).
     ``set_epoch(e)`` makes the next iteration epoch ``e`` (as ``DistributedSampler``'s);
     it is needed only with torch's own ``DataLoader`` and workers, whose worker copies do
     not see the iterations counted here (:class:`DataLoader` counts for its workers).

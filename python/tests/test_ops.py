@@ -1030,3 +1030,40 @@ def test_masks_cover_whole_rows_or_columns_below_mask_param(op, axis, iid):
         assert differ > 0  # a mask per channel
     else:
         assert differ == 0  # one mask for both channels
+
+
+def test_epochs_run_one_by_one_through_the_shared_store_reuse_the_decoded_images(tmp_path):
+    # Each epoch of a training loop is a run (as stoker.torch iterates): through the shared
+    # store, the first keeps each decoded image for the runs after it, which crop them anew.
+    for i in range(5):
+        (tmp_path / f"{i}.jpg").write_bytes(jpeg(smooth(60 + 4 * i, 80, i)))
+    stoker.io.clear_cache()
+
+    def pipeline(**options):
+        return (
+            stoker.from_url(str(tmp_path) + "/", format="files")
+            .map("decode_image", field="jpg")
+            .map("random_resized_crop", field="jpg", size=24)
+            .seed(2)
+            .options(share_store=True, threads=2, **options)
+        )
+
+    def crops(p):
+        run = p.run()
+        out = {s["__key__"]: np.array(s["jpg"]) for s in run}
+        return out, run.stats()["sample_cache"]
+
+    first, cache = crops(pipeline())
+    assert (cache["stored"], cache["hits"]) == (5, 0), cache
+    for epoch in (1, 2):
+        got, cache = crops(pipeline().first_epoch(epoch))
+        assert (cache["stored"], cache["hits"]) == (0, 5), cache
+        # The cached head is the decode unfused: the same as the chain without both passes.
+        want, none = crops(pipeline(disable=["cache", "fusion"]).first_epoch(epoch))
+        assert none is None
+        assert sorted(got) == sorted(want) == ["0", "1", "2", "3", "4"]
+        assert all(np.array_equal(got[k], want[k]) for k in got)
+        assert any(not np.array_equal(got[k], first[k]) for k in got)
+    stoker.io.clear_cache()
+    _, cache = crops(pipeline().first_epoch(3))
+    assert cache["hits"] == 0, cache

@@ -113,6 +113,11 @@ impl MemoryBudget {
         Self::new(default_limit())
     }
 
+    /// Whether `other` is this budget (a clone of it), not another of the same size.
+    pub fn same_as(&self, other: &MemoryBudget) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The limit in bytes.
     pub fn limit(&self) -> u64 {
         self.inner.limit

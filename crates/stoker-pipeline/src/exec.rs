@@ -78,6 +78,7 @@ mod chain;
 mod feed;
 mod marks;
 mod opcache;
+pub(crate) use opcache::clear_shared_caches;
 mod par;
 mod report;
 mod restore;
@@ -292,6 +293,7 @@ impl Run {
             epochs: p.epochs,
             input_bytes,
             cache_room: Some(budget.limit() / if p.cache { 4 } else { 2 }),
+            later_runs: p.later_runs(),
             ..Facts::default()
         };
         let mut ph = optimize(&p.ops, &facts, &p.options.disable);
@@ -371,9 +373,19 @@ impl Run {
             ds.cache.as_ref().map(|c| c.counters.clone()),
             operators,
         );
-        let op_cache = ph
-            .cache
-            .map(|c| Arc::new(opcache::OpCache::new(c.after, c.limit, budget.clone())));
+        let op_cache = ph.cache.map(|c| {
+            Arc::new(match &p.source {
+                crate::plan::Source::Url { url, .. } if c.shared => {
+                    let head: Vec<&dyn std::fmt::Debug> = ph.producer[..c.after]
+                        .iter()
+                        .map(|(_, op)| op as &dyn std::fmt::Debug)
+                        .collect();
+                    let made_by = opcache::fingerprint(&ds.shards, &p.format, &head);
+                    opcache::OpCache::shared(url, made_by, c.after, c.limit, &budget)
+                }
+                _ => opcache::OpCache::new(c.after, c.limit, budget.clone()),
+            })
+        });
         stats.sample_cache = op_cache.as_ref().map(|c| c.counters.clone());
         let producer_profile = stats.profiles(ph.producer.iter().map(|(i, _)| *i));
         let shared = Arc::new(Shared {

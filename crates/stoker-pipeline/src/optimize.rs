@@ -66,6 +66,10 @@ pub(crate) struct Facts {
     pub(crate) input_bytes: Option<u64>,
     /// What a cache of samples may hold: half the run's memory budget (known to a run).
     pub(crate) cache_room: Option<u64>,
+    /// Later runs in the process may read the same samples again (the run reads through
+    /// the process's shared store, as each epoch of a PyTorch loop does): a cache can be
+    /// kept for them.
+    pub(crate) later_runs: bool,
 }
 
 impl Facts {
@@ -81,6 +85,7 @@ impl Facts {
         Facts {
             per_object,
             epochs: p.epochs,
+            later_runs: p.later_runs(),
             ..Facts::default()
         }
     }

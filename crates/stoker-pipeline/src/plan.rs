@@ -519,6 +519,13 @@ impl Pipeline {
         self
     }
 
+    /// Whether later runs in the process may read what this one reads: it reads a URL
+    /// through the process's shared store (each epoch of a PyTorch loop is such a run), whose
+    /// budget outlives the run, and so may a cache of samples in it.
+    pub(crate) fn later_runs(&self) -> bool {
+        self.options.share_store && matches!(self.source, Source::Url { .. })
+    }
+
     /// The seed of every random choice.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = seed;

@@ -440,3 +440,104 @@ fn an_unfused_to_tensor_before_the_batch_writes_into_its_slots_too() {
     // PNGs too: to_tensor runs on every decoded image.
     assert!(st.placed >= 30, "{st:?}");
 }
+
+/// The images of a directory, read through the process's shared store, decoded and cropped
+/// at random: what `stoker.torch` runs each epoch of a training loop.
+fn shared_dir(dir: &std::path::Path, decode: Builtin) -> Pipeline {
+    // Listings trusted for no time: the test changes the directory.
+    let mut options = stoker_store::StoreOptions::default();
+    options.metadata_ttl = std::time::Duration::ZERO;
+    Pipeline::from_url(
+        &format!("{}/", dir.display()),
+        options,
+        stoker_pipeline::FormatChoice::Files,
+    )
+    .map(decode)
+    .map(rrc(16))
+    .seed(3)
+    .options(shared())
+}
+
+fn shared() -> RunOptions {
+    RunOptions::default().with_share_store(true).with_threads(2)
+}
+
+fn crops(p: &Pipeline) -> (Vec<(String, Tensor)>, stoker_pipeline::Stats) {
+    let mut run = p.run().unwrap();
+    let mut out: Vec<(String, Tensor)> = run
+        .by_ref()
+        .map(|i| match i.unwrap() {
+            Item::Sample(s) => (
+                s.get("__key__")
+                    .and_then(Value::as_str)
+                    .unwrap()
+                    .to_string(),
+                match s.get("jpg").unwrap() {
+                    Value::Tensor(t) => t.clone(),
+                    v => panic!("{v:?}"),
+                },
+            ),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    (out, run.stats())
+}
+
+#[test]
+fn later_runs_through_the_shared_store_start_from_the_decoded_images_and_yield_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = [
+        "photo_420.jpg",
+        "photo_422.jpg",
+        "progressive.jpg",
+        "gray.jpg",
+    ];
+    for (i, n) in names.iter().enumerate() {
+        std::fs::write(dir.path().join(format!("{i}.jpg")), fixture(n)).unwrap();
+    }
+    let p = shared_dir(dir.path(), decode());
+    assert!(p.explain().contains("decided by a run"), "{}", p.explain());
+    // The cached head decodes whole images, as the chain unfused does (fused, the decode
+    // works at a DCT scale: the same boxes, pixels a little apart).
+    let off = p
+        .clone()
+        .options(shared().with_disabled_passes(["cache", "fusion"]));
+    // Epoch 0 fills the cache; epochs 1 and 2, each a run of its own, read from it.
+    let (first, st) = crops(&p);
+    let c = st.sample_cache.expect("a cache kept for later runs");
+    assert_eq!((c.stored, c.hits), (4, 0), "{c:?}");
+    for epoch in 1..3 {
+        let (cached, st) = crops(&p.clone().first_epoch(epoch));
+        let c = st.sample_cache.unwrap();
+        assert_eq!((c.stored, c.hits), (0, 4), "epoch {epoch}: {c:?}");
+        let (plain, st) = crops(&off.clone().first_epoch(epoch));
+        assert!(st.sample_cache.is_none());
+        assert_eq!(cached, plain, "epoch {epoch}");
+        assert_ne!(cached, first, "another epoch draws other crops");
+    }
+    // Another object in the directory: the listing differs, so the cache starts again.
+    std::fs::write(dir.path().join("4.jpg"), fixture("photo_420.jpg")).unwrap();
+    let (five, st) = crops(&p.clone().first_epoch(1));
+    let c = st.sample_cache.unwrap();
+    assert_eq!((c.stored, c.hits), (5, 0), "{c:?}");
+    assert_eq!(five.len(), 5);
+    // Other operators before the cache point (another decode mode): not the same samples.
+    let gray = shared_dir(
+        dir.path(),
+        Builtin::Image(ImageOp::DecodeImage {
+            field: "jpg".into(),
+            mode: Some("gray".into()),
+            exif_orientation: false,
+            max_pixels: None,
+            allow_truncated: false,
+        }),
+    );
+    let (g, st) = crops(&gray.first_epoch(1));
+    assert_eq!(st.sample_cache.unwrap().hits, 0);
+    assert_eq!(g[0].1.shape()[2], 1);
+    // Cleared with the shared stores.
+    assert!(stoker_pipeline::shared::clear_shared_stores() >= 1);
+    let (_, st) = crops(&p.clone().first_epoch(2));
+    assert_eq!(st.sample_cache.unwrap().hits, 0);
+}

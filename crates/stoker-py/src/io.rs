@@ -33,8 +33,8 @@ fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
         .map_err(|e| internal(format!("cannot start the I/O runtime: {e}")))
 }
 
-/// Lets the shared stores go (`stoker.io.clear_cache()`): later opens and runs start with
-/// empty caches. Files still open and runs still going keep theirs until they end.
+/// Lets the shared stores go (`stoker.io.clear_cache()`), with the samples cached for later
+/// runs over them: later opens and runs start with empty caches. Files still open and runs still going keep theirs until they end.
 #[pyfunction]
 pub(crate) fn clear_stores() -> usize {
     stoker_pipeline::shared::clear_shared_stores()

@@ -1,54 +1,156 @@
 //! The workers' cache of samples at the optimizer's cache point (`optimize::cache`): each
 //! sample as the deterministic operators at the head of the workers' chain leave it (a
-//! decoded image), by its position, kept for the run's later epochs.
+//! decoded image), by its position, kept for the run's later epochs, and, for a run that
+//! reads through the process's shared store, for the later runs of the same pipeline (the
+//! next epoch of a PyTorch loop is a new run).
 //!
 //! A worker that meets a sample the cache holds starts from the cached sample at the cache
 //! point (a clone: tensors and bytes are shared, not copied) and runs only the operators after
 //! it; otherwise it runs the head and stores what the head made. What the cache holds counts
 //! in the run's memory budget, and stays within its limit (half the budget, set by the
 //! optimizer): a sample that does not fit, or finds the budget full at that moment, is not
-//! stored and is made again the next epoch. Nothing is evicted; the cache ends with the run.
+//! stored and is made again the next epoch. Nothing is evicted.
+//!
+//! A run's own cache ends with the run. A shared one ([`OpCache::shared`]) lives in a
+//! process-wide registry, one per source URL, and holds its bytes in the shared store's
+//! budget (which is the budget of every run reading through that store). A later run uses
+//! it only when everything that makes its samples is the same: the source's listing (every
+//! object's key, size and version, in order: positions name objects by their place in it),
+//! the format, the operators before the cache point (their parameters), and the budget
+//! (the same shared store). Otherwise the old cache is dropped, its bytes given back, and
+//! a new one starts. [`clear_shared_caches`] drops them all (`clear_shared_stores` in the
+//! Python package does, with the stores).
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use parking_lot::{Mutex, RwLock};
 use stoker_core::{MemoryBudget, Reservation, Sample};
+use stoker_formats::ShardInfo;
 
 use crate::source::Pos;
 use crate::stats::CacheCounters;
 
-/// See the module documentation.
+/// See the module documentation: the cache as one run uses it (its counters are the run's).
 #[derive(Debug)]
 pub(crate) struct OpCache {
     /// The number of the workers' operators before the cache point.
     pub(crate) after: usize,
+    held: Arc<Held>,
+    pub(crate) counters: Arc<CacheCounters>,
+}
+
+/// What the cache holds, possibly for several runs.
+#[derive(Debug)]
+struct Held {
     entries: RwLock<HashMap<(u32, u64), Sample>>,
     /// What the entries hold in the budget.
     hold: Mutex<Option<Reservation>>,
     budget: MemoryBudget,
     limit: u64,
-    pub(crate) counters: Arc<CacheCounters>,
+    /// What made the samples (see [`fingerprint`]); 0 for a run's own cache.
+    fingerprint: u64,
 }
 
-impl OpCache {
-    pub(crate) fn new(after: usize, limit: u64, budget: MemoryBudget) -> OpCache {
-        let counters = CacheCounters::default();
-        counters.limit.store(limit, Ordering::Relaxed);
-        OpCache {
-            after,
+impl Held {
+    fn new(limit: u64, budget: MemoryBudget, fingerprint: u64) -> Held {
+        Held {
             entries: RwLock::new(HashMap::new()),
             hold: Mutex::new(None),
             budget,
             limit,
+            fingerprint,
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.hold.lock().as_ref().map_or(0, Reservation::bytes)
+    }
+}
+
+/// The shared caches, by source URL.
+static SHARED: LazyLock<Mutex<HashMap<String, Arc<Held>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Drops every shared cache (their bytes go back to their budgets once no run uses them);
+/// returns how many there were.
+pub fn clear_shared_caches() -> usize {
+    let mut r = SHARED.lock();
+    let n = r.len();
+    r.clear();
+    n
+}
+
+/// What makes the samples at the cache point: the listing (key, size and version of every
+/// object, in order), the format and the operators before the cache point, each by its
+/// `Debug` form (every parameter).
+pub(crate) fn fingerprint(
+    shards: &[ShardInfo],
+    format: &dyn std::fmt::Debug,
+    head: &[&dyn std::fmt::Debug],
+) -> u64 {
+    let mut h = DefaultHasher::new();
+    shards.len().hash(&mut h);
+    for s in shards {
+        (&s.key, s.size, &s.version).hash(&mut h);
+    }
+    format!("{format:?}").hash(&mut h);
+    for op in head {
+        format!("{op:?}").hash(&mut h);
+    }
+    // 0 is a run's own cache.
+    h.finish().max(1)
+}
+
+impl OpCache {
+    /// A cache of this run's own.
+    pub(crate) fn new(after: usize, limit: u64, budget: MemoryBudget) -> OpCache {
+        OpCache::using(after, Arc::new(Held::new(limit, budget, 0)))
+    }
+
+    /// The shared cache of `url` when it was made by what makes this run's samples
+    /// (`fingerprint`) in this `budget`; else a new one, which replaces it.
+    pub(crate) fn shared(
+        url: &str,
+        fingerprint: u64,
+        after: usize,
+        limit: u64,
+        budget: &MemoryBudget,
+    ) -> OpCache {
+        let mut r = SHARED.lock();
+        let held = match r.get(url) {
+            Some(h) if h.fingerprint == fingerprint && h.budget.same_as(budget) => h.clone(),
+            _ => {
+                let h = Arc::new(Held::new(limit, budget.clone(), fingerprint));
+                r.insert(url.to_string(), h.clone());
+                h
+            }
+        };
+        OpCache::using(after, held)
+    }
+
+    fn using(after: usize, held: Arc<Held>) -> OpCache {
+        let counters = CacheCounters::default();
+        counters.limit.store(held.limit, Ordering::Relaxed);
+        counters.bytes.store(held.bytes(), Ordering::Relaxed);
+        OpCache {
+            after,
+            held,
             counters: Arc::new(counters),
         }
     }
 
     /// The sample at `pos` as the cache point has it, if held (counted as a hit).
     pub(crate) fn get(&self, pos: Pos) -> Option<Sample> {
-        let s = self.entries.read().get(&(pos.shard, pos.record)).cloned()?;
+        let s = self
+            .held
+            .entries
+            .read()
+            .get(&(pos.shard, pos.record))
+            .cloned()?;
         self.counters.hits.fetch_add(1, Ordering::Relaxed);
         Some(s)
     }
@@ -56,15 +158,16 @@ impl OpCache {
     /// Keeps `sample` (what the head made of the sample at `pos`) when it fits in the
     /// cache's limit and the budget has room now; counts it as stored or not.
     pub(crate) fn put(&self, pos: Pos, sample: &Sample) {
+        let held = &*self.held;
         let bytes = sample.size_bytes() as u64;
-        let mut hold = self.hold.lock();
-        let held = hold.as_ref().map_or(0, Reservation::bytes);
-        let room = held.saturating_add(bytes) <= self.limit;
-        let Some(more) = room.then(|| self.budget.try_reserve(bytes)).flatten() else {
+        let mut hold = held.hold.lock();
+        let now = hold.as_ref().map_or(0, Reservation::bytes);
+        let room = now.saturating_add(bytes) <= held.limit;
+        let Some(more) = room.then(|| held.budget.try_reserve(bytes)).flatten() else {
             self.counters.over_limit.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let mut entries = self.entries.write();
+        let mut entries = held.entries.write();
         if entries.contains_key(&(pos.shard, pos.record)) {
             // Another worker stored it first (the same sample in another epoch's overlap).
             return;

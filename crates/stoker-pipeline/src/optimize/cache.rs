@@ -7,7 +7,8 @@
 //! ImageNet pipeline: after `decode_image`, before `random_resized_crop`, the first random
 //! operator). Everything before it gives the same sample every epoch; everything after it
 //! still runs every epoch, drawing from the same generators, so a cached run yields exactly
-//! what an uncached one does.
+//! what an uncached one does with the head unfused (a fused decode and crop decodes at a DCT
+//! scale: the same boxes, pixels a little apart).
 //!
 //! Whether to cache is a comparison of costs over the run's epochs, per sample:
 //! `E x whole` without the cache (the chain as it runs, fused where it can be) against
@@ -18,7 +19,11 @@
 //! epoch's samples at the cache point, estimated from the bytes the run reads per epoch times
 //! the head's size ratios (measured or declared), within half the memory budget, which
 //! bounds the cache as it fills (a sample that does not fit is not stored, and is made again
-//! each epoch). A run of one epoch never caches.
+//! each epoch). A run of one epoch caches only for later runs: when it reads through the
+//! process's shared store (each epoch of a PyTorch loop is such a run) and the operators
+//! before the cache point are spec operators (known by their parameters, so a later run can
+//! tell they are the same); the cost is then compared as for a run without end, and the
+//! cache is kept in the process for the runs that follow (`exec/opcache.rs`).
 
 use std::sync::Arc;
 
@@ -32,6 +37,9 @@ pub(crate) struct CachePlan {
     pub(crate) after: usize,
     /// The most the cache holds.
     pub(crate) limit: u64,
+    /// It is kept for later runs of the same pipeline in the process (see
+    /// [`Facts::later_runs`]).
+    pub(crate) shared: bool,
 }
 
 /// Epochs assumed for a run without an end, in the comparison of costs.
@@ -58,8 +66,15 @@ pub(crate) fn place_cache(mut ph: Physical, facts: &Facts, fuse: bool) -> Physic
     }
     let names = super::producer_name(&ph.producer[..head]);
     let at = format!("a cache after {names}");
-    // A run of one epoch reads nothing twice (and says nothing about it).
-    if facts.epochs == Some(1) {
+    // Later runs can use what this one caches when the operators that make its samples are
+    // known by their parameters (a Python function is known only by its name).
+    let shared = facts.later_runs
+        && ph.producer[..head]
+            .iter()
+            .all(|(_, op)| op.as_builtin().is_some());
+    // A run of one epoch reads nothing twice (and says nothing about it), unless later
+    // runs read the same samples.
+    if facts.epochs == Some(1) && !shared {
         return ph;
     }
     let Some(room) = facts.cache_room else {
@@ -120,11 +135,19 @@ pub(crate) fn place_cache(mut ph: Physical, facts: &Facts, fuse: bool) -> Physic
         ));
         return ph;
     };
-    let epochs = facts.epochs.map_or(ENDLESS, |e| e as f64);
+    // Kept for later runs, the cache pays over the epochs they read too (how many is not
+    // known: as for a run without end).
+    let epochs = match facts.epochs {
+        Some(e) if !shared => e as f64,
+        _ => ENDLESS,
+    };
     let without = epochs * whole;
     let with = first + epochs * rest;
     let ms = |ns: f64| format!("{:.2} ms", ns / 1e6);
     let over = match facts.epochs {
+        _ if shared => "the epochs of this run and of later runs over the same data (each \
+                        epoch of a PyTorch loop is a run)"
+            .to_string(),
         Some(e) => format!("{e} epochs"),
         None => "each epoch after the first".to_string(),
     };
@@ -141,10 +164,15 @@ pub(crate) fn place_cache(mut ph: Physical, facts: &Facts, fuse: bool) -> Physic
     }
     ph.explain.push(format!(
         "{at}: the epoch's samples there ({} estimated) fit in half the memory budget ({}); \
-         epochs after the first start from them: {} a sample instead of {} ({} to fill it \
-         in the first); the same samples come out",
+         epochs after the first{} start from them: {} a sample instead of {} ({} to fill it \
+         in the first); the same samples come out as from the chain unfused",
         crate::ops::size(bytes as u64),
         crate::ops::size(room),
+        if shared {
+            ", in this run and in later runs of the same pipeline through the shared store,"
+        } else {
+            ""
+        },
         ms(rest),
         ms(whole),
         ms(first + rest)
@@ -152,6 +180,7 @@ pub(crate) fn place_cache(mut ph: Physical, facts: &Facts, fuse: bool) -> Physic
     ph.cache = Some(CachePlan {
         after: head,
         limit: room,
+        shared,
     });
     ph
 }
@@ -200,7 +229,8 @@ mod tests {
             ph.cache,
             Some(CachePlan {
                 after: 1,
-                limit: 1 << 30
+                limit: 1 << 30,
+                shared: false,
             })
         );
         let why = ph.explain.join("\n");
@@ -255,6 +285,46 @@ mod tests {
             "{:?}",
             ph.explain
         );
+    }
+
+    #[test]
+    fn a_run_of_one_epoch_caches_for_later_runs_of_spec_operators_only() {
+        // One epoch through the shared store: later runs (the next epochs of a PyTorch
+        // loop) read the same samples.
+        let mut f = facts(Some(1), 100 << 20, 1 << 30);
+        f.later_runs = true;
+        // A closure is known only by its name: nothing says a later run's is the same.
+        let ph = place_cache(place(&decode_then_crop()), &f, true);
+        assert_eq!(ph.cache, None);
+        assert!(ph.explain.is_empty(), "{:?}", ph.explain);
+        let spec: Vec<Op> = [
+            r#"{"op": "decode_image", "field": "jpg"}"#,
+            r#"{"op": "random_resized_crop", "field": "jpg", "size": 224}"#,
+        ]
+        .iter()
+        .map(|j| {
+            Op::Map(Arc::new(
+                serde_json::from_str::<crate::ops::Builtin>(j).unwrap(),
+            ))
+        })
+        .collect();
+        let ph = place_cache(place(&spec), &f, true);
+        assert_eq!(
+            ph.cache,
+            Some(CachePlan {
+                after: 1,
+                limit: 1 << 30,
+                shared: true,
+            })
+        );
+        let why = ph.explain.join("\n");
+        assert!(
+            why.contains("and in later runs of the same pipeline"),
+            "{why}"
+        );
+        // Without later runs, a run of one epoch does not cache them either.
+        f.later_runs = false;
+        assert_eq!(place_cache(place(&spec), &f, true).cache, None);
     }
 
     #[test]
