@@ -149,6 +149,8 @@ class Pipeline:
         """
         if callable(op):
             return self._python_op(op, False, **params)
+        if op == "embedding" and not isinstance(params.get("table", ""), (str, os.PathLike)):
+            params = {**params, "table": _npy_file(params["table"])}
         return self._then(self._p.op(to_json({"op": op, **params}), "map"), "map", op, **params)
 
     def filter(self, op: str | Callable[[dict[str, Any]], Any], /, **params: Any) -> Pipeline:
@@ -677,3 +679,30 @@ def _rebuild(recipe: tuple[Any, ...]) -> Pipeline:
     for name, args, kwargs in calls:
         p = getattr(p, name)(*args, **kwargs)
     return p
+
+
+_NPY_DIR: list[str] = []
+
+
+def _npy_file(table: Any) -> str:
+    """An ``embedding`` table given as an array: saved once to a ``.npy`` file in a temporary
+    directory of this process (removed at exit), which the operator memory-maps."""
+    import atexit
+    import shutil
+    import tempfile
+
+    import numpy as np
+
+    a = np.asarray(table)
+    if a.ndim != 2 or a.dtype not in (np.float32, np.float16):
+        raise ValueError(
+            f"embedding: table must be a 2-D float32 or float16 array, not {a.ndim}-D {a.dtype}"
+            " (use .astype(np.float32))"
+        )
+    if not _NPY_DIR:
+        _NPY_DIR.append(tempfile.mkdtemp(prefix="stoker-embedding-"))
+        atexit.register(shutil.rmtree, _NPY_DIR[0], True)
+    fd, path = tempfile.mkstemp(suffix=".npy", dir=_NPY_DIR[0])
+    with os.fdopen(fd, "wb") as f:
+        np.save(f, np.ascontiguousarray(a))
+    return path

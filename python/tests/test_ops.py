@@ -1067,3 +1067,42 @@ def test_epochs_run_one_by_one_through_the_shared_store_reuse_the_decoded_images
     stoker.io.clear_cache()
     _, cache = crops(pipeline().first_epoch(3))
     assert cache["hits"] == 0, cache
+
+
+GPT2 = pathlib.Path(__file__).resolve().parents[2] / "crates/stoker-ops/tests/fixtures/text/gpt2-tokenizer.json"
+
+
+@pytest.mark.parametrize("table_as", ["array", "npy"])
+def test_embedding_rows_are_the_tables_before_and_after_the_batch(tmp_path, table_as):
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((50257, 8)).astype(np.float32)
+    if table_as == "npy":
+        np.save(tmp_path / "t.npy", table)
+        given: object = str(tmp_path / "t.npy")
+    else:
+        given = table
+    texts = [{"text": f"document {i}: " + "word " * (i * 7)} for i in range(9)]
+    tok = dict(field="text", tokenizer=str(GPT2), max_length=16, pad_to=16, eos_id=50256)
+
+    def batches(embed_first):
+        p = stoker.from_samples(texts).map("tokenize", **tok)
+        emb = dict(field="input_ids", table=given, to="emb")
+        p = p.map("embedding", **emb).batch(4) if embed_first else p.batch(4).map("embedding", **emb)
+        return list(p)
+
+    for before, after in zip(batches(True), batches(False)):
+        ids = np.array(before["input_ids"])
+        got = np.array(before["emb"])
+        assert got.shape == ids.shape + (8,) and got.dtype == np.float32
+        np.testing.assert_array_equal(got, table[ids])
+        np.testing.assert_array_equal(got, np.array(after["emb"]))
+
+
+def test_embedding_refuses_a_table_that_is_not_2d_float_and_names_a_bad_id():
+    with pytest.raises(ValueError, match="2-D float32 or float16"):
+        stoker.from_samples([{"x": 1}]).map("embedding", field="x", table=np.zeros((3, 2), np.float64))
+    p = stoker.from_samples([{"ids": np.array([1, 7], dtype=np.int64)}]).map(
+        "embedding", field="ids", table=np.zeros((5, 2), np.float32)
+    )
+    with pytest.raises(Exception, match=r"id 7 \(at 1 of 2\) is outside table"):
+        list(p)

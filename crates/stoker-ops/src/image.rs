@@ -38,7 +38,7 @@ use bytes::Bytes;
 use stoker_core::{DType, Error, Tensor};
 
 mod color;
-mod convert;
+pub(crate) mod convert;
 mod decode;
 mod fused;
 mod geometry;

@@ -38,8 +38,10 @@
 //! # let _ = Remainder::Drop;
 //! ```
 
+mod embedding;
 mod pack;
 mod tokenize;
 
+pub use embedding::Embedding;
 pub use pack::{ids_of, Block, BlockTensors, Packer, PackerParams, PackerState, Remainder};
 pub use tokenize::{PadSide, Tokenize, TokenizeParams, Tokenized};

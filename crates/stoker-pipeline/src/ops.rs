@@ -335,7 +335,7 @@ impl SampleOp for Builtin {
         match self {
             Builtin::Fields(op) => op.apply(s, ctx),
             Builtin::Image(op) => op.apply(s, ctx).map(Some),
-            Builtin::Text(op) => op.apply(s).map(Some),
+            Builtin::Text(op) => op.apply(s, ctx).map(Some),
             Builtin::Columns(op) => op.apply(s).map(Some),
             Builtin::Audio(op) => op.apply(s, ctx).map(Some),
         }
@@ -389,12 +389,12 @@ mod tests {
         assert_eq!(serde_names::<ImageOp>(), ImageOp::NAMES);
         assert_eq!(serde_names::<ColumnOp>(), ColumnOp::NAMES);
         assert_eq!(serde_names::<AudioOp>(), AudioOp::NAMES);
-        // One operator: serde says "expected `tokenize`".
+        // Two operators: serde says "expected `tokenize` or `embedding`".
         let e = serde_json::from_value::<TextOp>(json!({"op": "?"}))
             .unwrap_err()
             .to_string();
-        assert!(e.ends_with("expected `tokenize`"), "{e}");
-        assert_eq!(TextOp::NAMES, ["tokenize"]);
+        assert!(e.ends_with("expected `tokenize` or `embedding`"), "{e}");
+        assert_eq!(TextOp::NAMES, ["tokenize", "embedding"]);
         let mut all: Vec<&str> = [
             FieldOp::NAMES,
             ImageOp::NAMES,

@@ -570,8 +570,16 @@ impl Pipeline {
             return Err(Error::invalid("give the source keys or a glob, not both"));
         }
         for op in &self.ops {
-            if let Op::Pack(p) = op {
-                p.validate()?;
+            match op {
+                Op::Pack(p) => p.validate()?,
+                // A spec operator built in code (not from a spec, which checks it when it
+                // reads it): its arguments and files, before the run lists anything.
+                Op::Map(m) => {
+                    if let Some(b) = m.as_builtin() {
+                        b.validate()?;
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())

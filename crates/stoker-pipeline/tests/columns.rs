@@ -201,3 +201,128 @@ fn a_null_names_the_operator_and_a_bad_argument_is_refused() {
     let msg = missing.validate().unwrap_err().to_string();
     assert!(msg.contains("/nonexistent/tokenizer.json"), "{msg}");
 }
+
+/// A `[rows, dim]` float32 table as `numpy.save` writes it: row `r` holds `r * 100 + j`.
+fn npy_table(dir: &std::path::Path, rows: usize, dim: usize) -> String {
+    let mut h = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {dim}), }}");
+    while (10 + h.len() + 1) % 64 != 0 {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((h.len() as u16).to_le_bytes());
+    out.extend(h.as_bytes());
+    for r in 0..rows {
+        for j in 0..dim {
+            out.extend(((r * 100 + j) as f32).to_le_bytes());
+        }
+    }
+    let p = dir.join("table.npy");
+    std::fs::write(&p, out).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+fn embedding(table: &str, to: Option<&str>) -> Builtin {
+    Builtin::Text(TextOp::Embedding {
+        field: "input_ids".into(),
+        table: table.into(),
+        to: to.map(Into::into),
+    })
+}
+
+fn f32s(t: &Tensor) -> Vec<f32> {
+    assert_eq!(t.dtype(), DType::F32);
+    t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn batches(p: Pipeline) -> Vec<stoker_core::Batch> {
+    p.run()
+        .unwrap()
+        .map(|i| i.unwrap().into_batch().unwrap())
+        .collect()
+}
+
+#[test]
+fn embedding_rows_per_sample_into_the_batch_and_per_batch_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    // The MiniLM vocabulary has 30,522 ids.
+    let t = npy_table(dir.path(), 30_522, 4);
+    let text = |n: usize| {
+        Pipeline::from_samples(
+            (0..n)
+                .map(|i| {
+                    let mut x = Sample::new();
+                    x.insert("text", format!("sample number {i} says hello"));
+                    x
+                })
+                .collect(),
+        )
+        .map(tokenize(Some(12)))
+    };
+    // Last before the batch: written into the batch's slots, on the workers.
+    let before = batches(
+        text(10)
+            .map(embedding(&t, Some("emb")))
+            .batch(4, false)
+            .options(stoker_pipeline::RunOptions::default().with_threads(2)),
+    );
+    // After it: one lookup of the [N, 12] ids.
+    let after = batches(text(10).batch(4, false).map(embedding(&t, Some("emb"))));
+    assert_eq!(before.len(), 3);
+    for (a, b) in before.iter().zip(&after) {
+        let (x, y) = (tensor(a.get("emb").unwrap()), tensor(b.get("emb").unwrap()));
+        assert_eq!(x.shape()[1..], [12, 4]);
+        assert_eq!(x.shape(), y.shape());
+        assert_eq!(f32s(x), f32s(y));
+        // Each row is the table's row of its id.
+        let ids = i64s(tensor(a.get("input_ids").unwrap()));
+        let rows = f32s(x);
+        for (k, id) in ids.iter().enumerate() {
+            assert_eq!(rows[k * 4 + 3], (*id * 100 + 3) as f32, "id {id}");
+        }
+    }
+    // Unpadded ids of different lengths, batched: a list of rows either way.
+    let ragged = |after: bool| {
+        let p = Pipeline::from_samples(
+            ["a", "a b c", "a b"]
+                .iter()
+                .map(|s| {
+                    let mut x = Sample::new();
+                    x.insert("text", *s);
+                    x
+                })
+                .collect(),
+        )
+        .map(tokenize(None));
+        let p = if after {
+            p.batch(3, false).map(embedding(&t, None))
+        } else {
+            p.map(embedding(&t, None)).batch(3, false)
+        };
+        match batches(p)[0].get("input_ids").unwrap() {
+            Value::List(v) => v.iter().map(|r| f32s(tensor(r))).collect::<Vec<_>>(),
+            v => panic!("{v:?}"),
+        }
+    };
+    assert_eq!(ragged(false), ragged(true));
+    assert_eq!(ragged(false)[1].len(), 5 * 4);
+}
+
+#[test]
+fn an_id_outside_the_table_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // 100 rows: BERT's [CLS] is 101.
+    let t = npy_table(dir.path(), 100, 2);
+    let p = texts().map(tokenize(None)).map(embedding(&t, None));
+    let err = p.run().unwrap().find_map(Result::err).unwrap().to_string();
+    assert!(err.contains("embedding(input_ids)"), "{err}");
+    assert!(err.contains("id 101 (at 0 of"), "{err}");
+    assert!(err.contains("of 100 rows"), "{err}");
+    // A table that is not there is refused before the run.
+    let missing = texts().map(embedding("/nonexistent/t.npy", None));
+    let err = missing.run().err().unwrap().to_string();
+    assert!(err.contains("/nonexistent/t.npy"), "{err}");
+}

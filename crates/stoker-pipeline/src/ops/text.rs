@@ -1,18 +1,21 @@
-//! The text operator of [`Builtin`](super::Builtin): tokenization with a Hugging Face
-//! `tokenizer.json`, from `stoker_ops::text`. It works per sample (before `batch`, on the
-//! workers: 1-D tensors) and on a whole batch's text column at once (after `batch`: `[N,
-//! L]` tensors).
+//! The text operators of [`Builtin`](super::Builtin), from `stoker_ops::text`:
+//! tokenization with a Hugging Face `tokenizer.json`, and a frozen embedding table's lookup
+//! (`.npy` rows by token id). Both work per sample (before `batch`, on the workers: 1-D
+//! tensors) and on a whole batch's column at once (after `batch`: `[N, L]` tensors). Placed
+//! last before a `batch`, the lookup writes its rows straight into the batch's buffer (the
+//! executor's batch slots), so it is also the batch's collation.
 //!
-//! The tokenizer is read from its file once per distinct operator and shared by every
-//! thread and run of the process (`cached` in `ops.rs`). Its parameters start from the
-//! kernel's own defaults (`TokenizeParams::default`) and take only what the spec gives.
+//! The tokenizer and the table are opened once per distinct operator and shared by every
+//! thread and run of the process (`cached` in `ops.rs`; the table is memory-mapped, so
+//! processes share its pages). The tokenizer's parameters start from the kernel's own
+//! defaults (`TokenizeParams::default`) and take only what the spec gives.
 
 use std::sync::{Arc, OnceLock};
 
 use stoker_core::{Batch, DType, Error, OpMeta, Sample, Value};
-use stoker_ops::text::{PadSide, Tokenize, TokenizeParams};
+use stoker_ops::text::{Embedding, PadSide, Tokenize, TokenizeParams};
 
-use super::{cached, Shared};
+use super::{cached, OpContext, Shared};
 
 /// `tokenize`'s `add_special_tokens` when the spec gives none: the kernel's.
 fn add_special_tokens() -> bool {
@@ -64,16 +67,30 @@ pub enum TextOp {
         #[serde(default)]
         dtype: Option<String>,
     },
+    /// Looks up each token id of `field` (an `int32`/`int64` tensor, `[L]` per sample or
+    /// `[N, L]` after a batch) in a frozen embedding table, a 2-D `float32` or `float16`
+    /// `.npy` file (`numpy.save`), memory-mapped: `[L, dim]` (`[N, L, dim]`) rows of the
+    /// table's type. An id outside the table is an error naming it.
+    Embedding {
+        /// The ids field.
+        field: String,
+        /// Path of the `.npy` table (`[rows, dim]`).
+        table: String,
+        /// Output field (default: `field`, replaced).
+        #[serde(default)]
+        to: Option<String>,
+    },
 }
 
 impl TextOp {
     /// The operators' names in a spec (their `op`), in the order of the variants.
-    pub const NAMES: &'static [&'static str] = &["tokenize"];
+    pub const NAMES: &'static [&'static str] = &["tokenize", "embedding"];
 
     /// The operator's name in plans and errors.
     pub fn name(&self) -> String {
         match self {
             TextOp::Tokenize { field, .. } => format!("tokenize({field})"),
+            TextOp::Embedding { field, .. } => format!("embedding({field})"),
         }
     }
 
@@ -82,33 +99,107 @@ impl TextOp {
         let m = OpMeta::new(self.name());
         match self {
             TextOp::Tokenize { .. } => m.with_cost_ns(300_000.0),
+            // A row copied per id; ids of 8 bytes become rows of `dim` elements (known once
+            // the table's header is read).
+            TextOp::Embedding { .. } => {
+                let m = m.with_cost_ns(20_000.0);
+                match embedding(self) {
+                    Ok(e) => m.with_size_ratio((e.dim() * e.dtype().size()) as f64 / 8.0),
+                    Err(_) => m,
+                }
+            }
         }
     }
 
     /// Checks the operator's arguments by building its kernel.
     pub fn validate(&self) -> Result<(), Error> {
-        tokenizer(self).map(drop)
+        match self {
+            TextOp::Tokenize { .. } => tokenizer(self).map(drop),
+            TextOp::Embedding { .. } => embedding(self).map(drop),
+        }
     }
 
     /// Applies the operator to one sample.
-    pub(crate) fn apply(&self, mut s: Sample) -> Result<Sample, Error> {
-        tokenizer(self)?.apply(&mut s)?;
+    pub(crate) fn apply(&self, mut s: Sample, ctx: &mut OpContext) -> Result<Sample, Error> {
+        match self {
+            TextOp::Tokenize { .. } => tokenizer(self)?.apply(&mut s)?,
+            TextOp::Embedding { field, to, .. } => {
+                let e = embedding(self)?;
+                let ids = match s.get(field) {
+                    Some(Value::Tensor(t)) => t,
+                    Some(v) => {
+                        return Err(Error::operator(format!(
+                            "embedding: field {field:?} is a {}, expected a tensor of ids",
+                            v.kind()
+                        )))
+                    }
+                    None => return Err(Error::operator(format!("embedding: no field {field:?}"))),
+                };
+                // Written into the batch's buffer when the executor has a slot for it;
+                // else a tensor of its own, charged first.
+                let len = e.output_len(ids.numel());
+                let mut slot = ctx.output_slot(len);
+                if slot.as_ref().is_none_or(|l| l.len() != len) {
+                    ctx.reserve(len as u64)?;
+                }
+                let out = e.lookup_into(ids, &mut |_| slot.take())?;
+                s.insert(to.as_deref().unwrap_or(field), Value::Tensor(out));
+            }
+        }
         Ok(s)
     }
 
     /// Applies the operator to a batch, column-wise.
     pub(crate) fn apply_batch(&self, mut batch: Batch) -> Result<Batch, Error> {
-        let TextOp::Tokenize { field, .. } = self;
-        let t = tokenizer(self)?;
-        let col = batch
-            .get(field)
-            .ok_or_else(|| Error::operator(format!("tokenize: no field {field:?}")))?;
-        let out = t.encode_column(col)?;
-        let p = t.params();
-        batch.insert(p.ids_field.as_str(), Value::Tensor(out.input_ids))?;
-        batch.insert(p.mask_field.as_str(), Value::Tensor(out.attention_mask))?;
+        match self {
+            TextOp::Tokenize { field, .. } => {
+                let t = tokenizer(self)?;
+                let col = batch
+                    .get(field)
+                    .ok_or_else(|| Error::operator(format!("tokenize: no field {field:?}")))?;
+                let out = t.encode_column(col)?;
+                let p = t.params();
+                batch.insert(p.ids_field.as_str(), Value::Tensor(out.input_ids))?;
+                batch.insert(p.mask_field.as_str(), Value::Tensor(out.attention_mask))?;
+            }
+            TextOp::Embedding { field, to, .. } => {
+                let e = embedding(self)?;
+                let out = match batch.get(field) {
+                    Some(Value::Tensor(ids)) => Value::Tensor(e.lookup(ids)?),
+                    // Rows of different lengths (a list): each looked up alone, as the batch
+                    // would have listed their rows.
+                    Some(Value::List(rows)) => Value::List(
+                        rows.iter()
+                            .map(|v| match v {
+                                Value::Tensor(ids) => e.lookup(ids).map(Value::Tensor),
+                                v => Err(Error::operator(format!(
+                                    "embedding: a row of {field:?} is a {}, expected ids",
+                                    v.kind()
+                                ))),
+                            })
+                            .collect::<Result<_, _>>()?,
+                    ),
+                    Some(v) => {
+                        return Err(Error::operator(format!(
+                            "embedding: column {field:?} is a {}, expected ids",
+                            v.kind()
+                        )))
+                    }
+                    None => return Err(Error::operator(format!("embedding: no field {field:?}"))),
+                };
+                batch.insert(to.as_deref().unwrap_or(field), out)?;
+            }
+        }
         Ok(batch)
     }
+}
+
+fn embedding(b: &TextOp) -> Result<Arc<Embedding>, Error> {
+    static CACHE: Shared<Embedding> = OnceLock::new();
+    let TextOp::Embedding { table, .. } = b else {
+        unreachable!("an embedding")
+    };
+    cached(&CACHE, b, || Embedding::from_npy(table))
 }
 
 fn tokenizer(b: &TextOp) -> Result<Arc<Tokenize>, Error> {
@@ -126,7 +217,10 @@ fn tokenizer(b: &TextOp) -> Result<Arc<Tokenize>, Error> {
         ids_field,
         mask_field,
         dtype,
-    } = b;
+    } = b
+    else {
+        unreachable!("a tokenize")
+    };
     cached(&CACHE, b, || {
         let mut params = TokenizeParams::new()
             .field(field.clone())
