@@ -22,6 +22,46 @@
 //! (which subtracts the template's tokens, exactly as Python does) and do only what the
 //! tokenizer file cannot express ourselves: explicit BOS/EOS ids and padding.
 //!
+//! Only the text the kept tokens need. With a limit, a 20 KB document cut to 254 tokens
+//! would be normalized, pre-tokenized and run through BPE whole, to keep its first 1.5 KB.
+//! [`Tokenize`] encodes a prefix instead: about six bytes a kept token, moved forward to
+//! the next *cut*, a position holding an ASCII space whose previous character is not
+//! whitespace (the cut goes before the space). If the prefix yields fewer tokens than the
+//! limit keeps, its length doubles (to the next cut again); with no cut left, the whole
+//! text. The ids are the whole text's when the tokens of the text before any cut are the
+//! leading tokens of the whole text's, for then a prefix that yields the kept number
+//! yields the kept tokens. That holds step by step for the tokenizer files
+//! [`Tokenize::encodes_prefix`] accepts; any other encodes whole texts, as before:
+//!
+//! - Added tokens are matched first, in the raw text. None of them holds whitespace (their
+//!   normalized form neither, for those matched after normalization), so no match
+//!   straddles the cut, and `single_word`, `lstrip` and `rstrip` see a space after the
+//!   prefix's end in the whole and the end of the text in the prefix, which they treat
+//!   alike. Only the piece of text the cut falls in differs: the prefix has `a`, the whole
+//!   `a + b`, `b` starting with the space.
+//! - The normalizer gives `N(a + b) = N(a) + N(b)`, `N(b)` still starting with the space:
+//!   lowercasing and BERT's cleaning work per character; Unicode normalization does not
+//!   cross a space (a starter that neither decomposes nor composes with what precedes it);
+//!   accent stripping removes marks. With none of them removing characters (none, NFC,
+//!   NFD, NFKC, NFKD, `Lowercase`), `N(a)` also still ends in a non-space; tests check
+//!   both for every character.
+//! - The pre-tokenizer's first step splits `N(a)` into the leading pre-tokens of `N(a + b)`:
+//!   `Whitespace`, `WhitespaceSplit` and `BertPreTokenizer` drop whitespace and never join
+//!   across it; `Metaspace` (with `split`) starts a pre-token at the space. GPT-2's regex
+//!   (`ByteLevel` with `use_regex`) is the delicate one: its letter, digit and punctuation
+//!   runs stop at the space either way, but `\s+(?!\S)` looks ahead, and a run of
+//!   whitespace ending the prefix would join the space after the cut in the whole (`"x\n"`
+//!   alone against `"x\n  y"`, which GPT-2 splits `x`, `\n `, ` y`). Hence the previous
+//!   character must not be whitespace, after normalization too, which is why `ByteLevel`
+//!   takes only normalizers that remove nothing. Later steps of a `Sequence` see whole
+//!   pre-tokens.
+//! - The model works on one pre-token at a time (BPE without dropout, WordPiece,
+//!   WordLevel, Unigram without sampling), and truncation keeps the first tokens.
+//!
+//! Refused (whole texts): no pre-tokenizer (Llama 2's SentencePiece layout), `ByteLevel`
+//! without its regex, `Split` patterns (Llama 3's), `Replace`, `Prepend`, `Strip` and
+//! `Precompiled` normalizers, BPE dropout.
+//!
 //! ```
 //! use stoker_ops::text::{Packer, PackerParams, Remainder};
 //! let mut packer = Packer::new(PackerParams::new(4).separator(Some(0))).unwrap();
