@@ -299,6 +299,16 @@ fn configurations() -> Vec<(&'static str, Json, bool)> {
         ("roberta-like", roberta, true),
         // Runs of spaces as tokens, where GPT-2's `\s+(?!\S)` shows.
         ("gpt2+2 spaces", spaces.clone(), true),
+        // NFKC turns some characters into a space and a mark ("´" to " \u{301}").
+        (
+            "gpt2+2 spaces nfkc+lowercase",
+            with(
+                spaces.clone(),
+                "normalizer",
+                seq_n(vec![ws("NFKC"), ws("Lowercase")]),
+            ),
+            true,
+        ),
         ("minilm+added", bert_tokens, true),
         (
             "minilm nfkc+lower whitespace",
