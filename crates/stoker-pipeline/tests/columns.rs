@@ -67,6 +67,24 @@ fn tensor(v: &Value) -> &Tensor {
 }
 
 #[test]
+fn explain_says_a_limited_tokenize_encodes_only_the_prefix_it_keeps() {
+    let e = texts().map(tokenize(Some(12))).explain();
+    assert!(
+        e.contains("tokenize(text) encodes only as much of a long text as the tokens it keeps"),
+        "{e}"
+    );
+    // Without a limit there is nothing to cut.
+    let mut unlimited = tokenize(None);
+    if let Builtin::Text(TextOp::Tokenize { max_length, .. }) = &mut unlimited {
+        *max_length = None;
+    }
+    assert!(!texts()
+        .map(unlimited)
+        .explain()
+        .contains("tokenize(text) encodes"));
+}
+
+#[test]
 fn tokenize_per_sample_and_per_batch_agree() {
     // Per sample, padded to 12, then batched: stacked [5, 12].
     let per_sample: Vec<Item> = texts()

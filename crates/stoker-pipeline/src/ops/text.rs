@@ -194,6 +194,34 @@ impl TextOp {
     }
 }
 
+impl TextOp {
+    /// What `explain` says of a `tokenize` with a limit: whether it encodes only the prefix
+    /// of a long text that the kept tokens need (see `stoker_ops::text`), and why not.
+    pub(crate) fn prefix_note(&self) -> Option<String> {
+        let TextOp::Tokenize {
+            max_length, pad_to, ..
+        } = self
+        else {
+            return None;
+        };
+        max_length.or(*pad_to)?;
+        let t = tokenizer(self).ok()?;
+        Some(if t.encodes_prefix() {
+            format!(
+                "{} encodes only as much of a long text as the tokens it keeps need (cut \
+                 before a space, extended when short; exact for this tokenizer file)",
+                self.name()
+            )
+        } else {
+            format!(
+                "{} encodes whole texts: a prefix cut is not known to be exact for its \
+                 tokenizer file (its normalizer, pre-tokenizer, model or added tokens)",
+                self.name()
+            )
+        })
+    }
+}
+
 fn embedding(b: &TextOp) -> Result<Arc<Embedding>, Error> {
     static CACHE: Shared<Embedding> = OnceLock::new();
     let TextOp::Embedding { table, .. } = b else {

@@ -49,6 +49,22 @@ pub(crate) fn fuse(mut ph: Physical) -> Physical {
             ph.producer.len()
         ));
     }
+    // A tokenize with a limit fuses with its truncation inside its kernel.
+    let tail_ops = ph.tail.iter().filter_map(|t| match t {
+        TailOp::Map(_, op) => Some(op),
+        _ => None,
+    });
+    let notes: Vec<String> = ph
+        .producer
+        .iter()
+        .map(|(_, op)| op)
+        .chain(tail_ops)
+        .filter_map(|op| match op.as_builtin() {
+            Some(crate::ops::Builtin::Text(t)) => t.prefix_note(),
+            _ => None,
+        })
+        .collect();
+    ph.explain.extend(notes);
     ph
 }
 
