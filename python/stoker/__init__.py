@@ -132,12 +132,17 @@ class Pipeline:
         ``{op = "decode_utf8", field = "txt"}``. Every operator the spec knows is available.
 
         ``op`` a callable: a Python function on a sample, ``fn(sample: dict) -> dict | None``
-        (``None`` drops the sample), with the keywords ``workers="processes"`` (default: a
-        pool of ``processes`` worker processes, by default one per engine thread of the
-        run, each started when that many calls are in flight at once; samples passed
-        through shared memory; ``fn`` must pickle) or ``workers="threads"``
-        (called on the engine's threads: for functions that release the GIL, NumPy-heavy
-        ones). With ``seeded=True`` the function is called as ``fn(sample, rng)``, ``rng`` a
+        (``None`` drops the sample), with the keyword ``workers``: ``"auto"`` (default)
+        runs its first 16 calls on the engine's threads, measuring what a call costs and how
+        long threads waited for the GIL, then stays on threads when calls are cheap (under
+        0.2 ms) or release the GIL, and moves to worker processes when it holds the GIL
+        (``run.explain()`` says which, with the numbers; a function that does not pickle
+        stays on threads); ``"processes"``: a pool of ``processes`` worker processes, by
+        default one per engine thread of the run, each started when that many calls are in
+        flight at once; samples passed through shared memory; ``fn`` must pickle;
+        ``"threads"``: called on the engine's threads (for functions that release the GIL,
+        NumPy-heavy ones); ``processes=N`` alone chooses processes. The outputs are the same
+        in every mode. With ``seeded=True`` the function is called as ``fn(sample, rng)``, ``rng`` a
         ``numpy.random.Generator`` seeded for this sample by the pipeline (its seed, the
         epoch, the sample's origin, the operator): random augmentations written with it
         repeat exactly under any parallelism, in threads or processes, and after a resume.
@@ -167,7 +172,7 @@ class Pipeline:
         fn: Callable[..., Any],
         filter: bool,
         *,
-        workers: str = "processes",
+        workers: str = "auto",
         processes: int | None = None,
         seeded: bool = False,
     ) -> Pipeline:
@@ -179,6 +184,27 @@ class Pipeline:
         if seeded:
             kwargs["seeded"] = True
         label = ", seeded" if seeded else ""
+        if workers == "auto" and processes is not None:
+            # A pool size given is a choice of processes.
+            workers = "processes"
+        if workers == "auto":
+            n = None
+            target = _pymap.Seeded(fn) if seeded else fn
+            import multiprocessing
+
+            try:
+                if multiprocessing.current_process().daemon:
+                    raise TypeError("a daemonic process cannot start worker processes")
+                stage = _pymap.ProcessStage(fn, n, filter)
+            except TypeError:
+                # It cannot reach a worker process (it does not pickle, it was defined in an
+                # interactive session, or this process cannot start any): engine threads.
+                native = self._p.py_op(target, f"{kind}({qualname}, threads{label})",
+                                       qualname, filter, "threads", seeded)
+                return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages)
+            native = self._p.py_op(target, f"{kind}({qualname}, auto{label})", qualname, filter,
+                                   "auto", seeded, stage)
+            return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages + (stage,))
         if workers == "threads":
             if processes is not None:
                 raise ValueError('processes= is for workers="processes"')
@@ -187,7 +213,7 @@ class Pipeline:
                                    "threads", seeded)
             return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages)
         if workers != "processes":
-            raise ValueError(f'workers must be "processes" or "threads", not {workers!r}')
+            raise ValueError(f'workers must be "auto", "processes" or "threads", not {workers!r}')
         # The pool's size is the run's business (its engine threads) unless given here.
         n = int(processes) if processes is not None else None
         if processes is not None:
@@ -282,7 +308,7 @@ class Pipeline:
         drop_last: bool = False,
         collate: str | Mapping[str, str] = "auto",
         pad_value: float = 0.0,
-        workers: str = "processes",
+        workers: str = "auto",
         processes: int | None = None,
         seeded: bool = False,
     ) -> Pipeline:

@@ -218,9 +218,9 @@ def test_processes_default_to_the_run_threads_whenever_they_are_set():
     # The pool's size is decided when the run starts, by the run's engine threads: set
     # before or after the map, 4 threads on this 2-core machine make up to 4 workers.
     samples = [{"x": i} for i in range(16)]
-    after = stoker.from_samples(samples).map(slow_pid).options(threads=4)
+    after = stoker.from_samples(samples).map(slow_pid, workers="processes").options(threads=4)
     assert "py_map(slow_pid, processes=auto)" in after.explain()
-    before = stoker.from_samples(samples).options(threads=4).map(slow_pid)
+    before = stoker.from_samples(samples).options(threads=4).map(slow_pid, workers="processes")
     for p in (after, before):
         out = list(p)
         assert [s["x"] for s in out] == list(range(16))
@@ -419,7 +419,7 @@ def test_a_pipeline_with_a_python_map_pickles(s3, prefix, mode):
     assert [norm(s) for s in q] == [norm(s) for s in p]
 
 
-def test_a_function_that_does_not_pickle_is_refused_at_map_time():
+def test_a_function_that_does_not_pickle_is_refused_by_processes_at_map_time():
     p = stoker.from_samples([{"x": 1}])
 
     def local(s):
@@ -427,7 +427,9 @@ def test_a_function_that_does_not_pickle_is_refused_at_map_time():
 
     for fn in (lambda s: s, local):
         with pytest.raises(TypeError, match='module-level function, or workers="threads"'):
-            p.map(fn)
+            p.map(fn, workers="processes")
+        # The default (auto) keeps it on the engine's threads.
+        assert "threads)" in p.map(fn).explain()
     # Threads take any callable.
     assert [s["x"] for s in p.map(lambda s: {"x": s["x"] + 1}, workers="threads")] == [2]
     with pytest.raises(ValueError, match="workers"):
@@ -515,3 +517,56 @@ def test_ctrl_c_interrupts_a_run_with_a_python_map_and_the_process_exits(tmp_pat
             child.kill()
     assert out.split() == ["INTERRUPTED", "STATE"], err
     assert child.returncode == 0, err
+
+
+def busy_pid(s):
+    """Plain Python for about 2 ms: it holds the GIL."""
+    end = time.perf_counter() + 0.002
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return {**s, "pid": os.getpid()}
+
+
+def sleepy_pid(s):
+    """Waits 2 ms with the GIL released (as NumPy on large arrays, decoders and I/O do)."""
+    time.sleep(0.002)
+    return {**s, "pid": os.getpid()}
+
+
+def cheap_pid(s):
+    return {**s, "pid": os.getpid()}
+
+
+@pytest.mark.parametrize(
+    "fn, where, why",
+    [
+        (busy_pid, "processes", "worker processes: it holds the GIL"),
+        (sleepy_pid, "threads", "threads: it releases the GIL"),
+        (cheap_pid, "threads", "threads: its calls are cheap"),
+    ],
+)
+def test_auto_workers_choose_threads_or_processes_from_the_first_calls(fn, where, why):
+    samples = [{"x": i} for i in range(48)]
+    p = stoker.from_samples(samples).map(fn).options(threads=2)
+    assert f"py_map({fn.__name__}, auto)" in p.explain()
+    run = p.run()
+    out = list(run)
+    assert [s["x"] for s in out] == list(range(48))
+    assert why in run.explain(), run.explain()
+    # The first calls ran on the engine's threads (this process); the rest where chosen.
+    later = {s["pid"] for s in out[16:]}
+    if where == "processes":
+        assert os.getpid() not in later and len(later) >= 1
+    else:
+        assert later == {os.getpid()}
+    # The same outputs as either mode given explicitly (pids aside).
+    for mode in ("threads", "processes"):
+        forced = [{**s, "pid": 0} for s in stoker.from_samples(samples).map(fn, workers=mode)]
+        assert forced == [{**s, "pid": 0} for s in out]
+
+
+def test_auto_workers_keep_a_function_that_does_not_pickle_on_threads():
+    p = stoker.from_samples([{"x": i} for i in range(4)]).map(lambda s: {**s, "y": s["x"] * 2})
+    assert "<lambda>, threads)" in p.explain()
+    assert [s["y"] for s in p] == [0, 2, 4, 6]

@@ -101,6 +101,13 @@ pub trait SampleOp: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Where it chose to run, and why, for an operator that chooses while it runs (a
+    /// Python function: threads or processes, from its first calls); `None` otherwise or
+    /// before it has chosen. `Run::explain` shows it.
+    fn placement(&self) -> Option<String> {
+        None
+    }
+
     /// Transforms a whole batch, column-wise, for operators that can (placed after a
     /// `batch`); `None` when the operator works only per sample. `Ok(None)` drops the
     /// batch (for an operator declared a filter). A batch that comes back has as many

@@ -212,6 +212,8 @@ impl PyPipeline {
     /// function's. A filter keeps the samples for which the function is true. `seeded`:
     /// the target is also given the sample's seed (`target(sample, seed)`, or
     /// `target.call(sample, seed)`; else `None`).
+    #[pyo3(signature = (target, name, qualname, filter, mode, seeded, stage = None))]
+    #[allow(clippy::too_many_arguments)]
     fn py_op(
         &self,
         target: Py<PyAny>,
@@ -220,13 +222,16 @@ impl PyPipeline {
         filter: bool,
         mode: &str,
         seeded: bool,
+        stage: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
-        let mode = match mode {
-            "threads" => Mode::Threads,
-            "processes" => Mode::Processes,
-            other => {
+        let mode = match (mode, stage) {
+            ("threads", None) => Mode::Threads,
+            ("processes", None) => Mode::Processes,
+            ("auto", Some(stage)) => Mode::Auto(crate::pymap::Auto::new(stage)),
+            (other, _) => {
                 return Err(invalid(format!(
-                    "workers must be \"processes\" or \"threads\", not {other:?}"
+                    "workers must be \"auto\", \"processes\" or \"threads\", not {other:?} \
+                     (auto with its process stage)"
                 )))
             }
         };

@@ -35,7 +35,7 @@
 //! after that fail with an error instead of asking for the GIL.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
@@ -91,12 +91,104 @@ pub(crate) fn close_python_calls(py: Python<'_>, timeout_s: f64) {
 }
 
 /// How a [`PyOp`] reaches its function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
     /// Called on the engine's thread.
     Threads,
     /// Through a `ProcessStage` (`call` / `release`).
     Processes,
+    /// Threads or processes, chosen from the function's first calls (see [`Auto`]).
+    Auto(Auto),
+}
+
+/// Calls measured before `workers="auto"` chooses.
+const PROBE_CALLS: u32 = 16;
+/// A call cheaper than this stays on the engine's threads: handing a sample to a worker
+/// process and its result back costs about as much.
+const CHEAP_NS: f64 = 200_000.0;
+/// Threads that waited for the GIL this long, as a fraction of the time spent in the
+/// calls, mean the function holds it: processes run it in parallel.
+const CONTENDED: f64 = 0.25;
+
+const PROBING: u8 = 0;
+const THREADS: u8 = 1;
+const PROCESSES: u8 = 2;
+
+/// `workers="auto"`: the function runs on the engine's threads for its first
+/// [`PROBE_CALLS`] calls, which measure what each call costs and how long engine threads
+/// waited for the GIL to make it (the other engine threads' calls and the training loop
+/// hold it). Then it stays on threads when calls are cheap (below [`CHEAP_NS`]: a
+/// process hand-off costs as much) or when threads rarely waited (the function releases
+/// the GIL: NumPy, decoders, I/O), and moves to the worker processes when they waited (it
+/// holds the GIL: pure Python). The outputs are the same either way (a seeded function gets
+/// the same seeds); only where calls run changes. The choice and its numbers are in
+/// `run.explain()`.
+pub(crate) struct Auto {
+    /// The `ProcessStage`, started only if chosen.
+    stage: Py<PyAny>,
+    chosen: AtomicU8,
+    /// Calls, nanoseconds in calls, nanoseconds waiting for the GIL.
+    probe: parking_lot::Mutex<(u32, u64, u64)>,
+    why: parking_lot::Mutex<Option<String>>,
+}
+
+impl Auto {
+    pub(crate) fn new(stage: Py<PyAny>) -> Auto {
+        Auto {
+            stage,
+            chosen: AtomicU8::new(PROBING),
+            probe: parking_lot::Mutex::new((0, 0, 0)),
+            why: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// Counts one measured call; chooses after [`PROBE_CALLS`].
+    fn note(&self, wait_ns: u64, call_ns: u64) {
+        let mut p = self.probe.lock();
+        if self.chosen.load(Ordering::Acquire) != PROBING {
+            return;
+        }
+        p.0 += 1;
+        p.1 += call_ns;
+        p.2 += wait_ns;
+        if p.0 < PROBE_CALLS {
+            return;
+        }
+        let per_call = p.1 as f64 / p.0 as f64;
+        let waited = p.2 as f64 / (p.1.max(1)) as f64;
+        let ms = per_call / 1e6;
+        let (mode, why) = if per_call < CHEAP_NS {
+            (
+                THREADS,
+                format!(
+                    "threads: its calls are cheap ({ms:.3} ms; a hand-off to a worker process \
+                     costs about {:.1} ms)",
+                    CHEAP_NS / 1e6
+                ),
+            )
+        } else if waited > CONTENDED {
+            (
+                PROCESSES,
+                format!(
+                    "worker processes: it holds the GIL (over its first {} calls of {ms:.3} \
+                     ms, threads waited {:.0}% of that time for it)",
+                    p.0,
+                    waited * 100.0
+                ),
+            )
+        } else {
+            (
+                THREADS,
+                format!(
+                    "threads: it releases the GIL (over its first {} calls of {ms:.3} ms, \
+                     threads waited {:.0}% of that time for it)",
+                    p.0,
+                    waited * 100.0
+                ),
+            )
+        };
+        *self.why.lock() = Some(why);
+        self.chosen.store(mode, Ordering::Release);
+    }
 }
 
 /// A Python function as a per-sample operator (see the module docs).
@@ -259,9 +351,16 @@ impl PyOp {
         seed: Option<u64>,
         outcome: impl FnOnce(&Bound<'_, PyAny>) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let target = self.target.bind(py);
-        match self.mode {
-            Mode::Threads => {
+        let (processes, target) = match &self.mode {
+            Mode::Threads => (false, self.target.bind(py)),
+            Mode::Processes => (true, self.target.bind(py)),
+            Mode::Auto(a) => match a.chosen.load(Ordering::Acquire) {
+                PROCESSES => (true, a.stage.bind(py)),
+                _ => (false, self.target.bind(py)),
+            },
+        };
+        match processes {
+            false => {
                 let out = match seed {
                     Some(s) => target.call1((arg, s)),
                     None => target.call1((arg,)),
@@ -269,7 +368,7 @@ impl PyOp {
                 .map_err(|e| self.raised(py, &e))?;
                 outcome(&out)
             }
-            Mode::Processes => {
+            true => {
                 let got = target
                     .call_method1("call", (arg, seed))
                     .map_err(|e| self.raised(py, &e))?;
@@ -286,7 +385,8 @@ impl PyOp {
         }
     }
 
-    /// Runs `f` with the GIL, unless the interpreter is exiting.
+    /// Runs `f` with the GIL, unless the interpreter is exiting. While `workers="auto"`
+    /// is choosing, the wait for the GIL and the time in `f` are measured.
     fn attach<T>(&self, f: impl FnOnce(Python<'_>) -> Result<T, Error>) -> Result<T, Error> {
         let Some(_pass) = GATE.enter() else {
             return Err(Error::operator(format!(
@@ -294,13 +394,46 @@ impl PyOp {
                 self.qualname
             )));
         };
-        Python::attach(f)
+        let probing = match &self.mode {
+            Mode::Auto(a) if a.chosen.load(Ordering::Acquire) == PROBING => Some(a),
+            _ => None,
+        };
+        let Some(auto) = probing else {
+            return Python::attach(f);
+        };
+        let asked = Instant::now();
+        let mut timed = (0u64, 0u64);
+        let r = Python::attach(|py| {
+            let got = Instant::now();
+            let r = f(py);
+            timed = (
+                (got - asked).as_nanos() as u64,
+                got.elapsed().as_nanos() as u64,
+            );
+            r
+        });
+        auto.note(timed.0, timed.1);
+        r
     }
 }
 
 impl SampleOp for PyOp {
     fn meta(&self) -> OpMeta {
         self.meta.clone()
+    }
+
+    fn placement(&self) -> Option<String> {
+        match &self.mode {
+            Mode::Auto(a) => Some(format!(
+                "{}: {}",
+                self.meta.name,
+                a.why.lock().clone().unwrap_or_else(|| format!(
+                    "threads or worker processes, chosen after its first {PROBE_CALLS} calls \
+                     (not made yet)"
+                ))
+            )),
+            _ => None,
+        }
     }
 
     fn apply(&self, sample: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {

@@ -13,6 +13,15 @@ impl Run {
     pub fn explain(&self) -> String {
         let (p, facts) = &self.planned;
         let mut s = crate::optimize::explain_with(p, facts);
+        // Operators that chose where to run from their first calls.
+        for op in &p.ops {
+            if let Some(why) = match op {
+                crate::plan::Op::Map(m) => m.placement(),
+                _ => None,
+            } {
+                s.push_str(&format!("placed while running: {why}\n"));
+            }
+        }
         let st = self.stats();
         if st.operators.iter().all(|o| o.samples == 0) {
             s.push_str(
