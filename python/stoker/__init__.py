@@ -142,7 +142,10 @@ class Pipeline:
         flight at once; samples passed through shared memory; ``fn`` must pickle;
         ``"threads"``: called on the engine's threads (for functions that release the GIL,
         NumPy-heavy ones); ``processes=N`` alone chooses processes. The outputs are the same
-        in every mode. With ``seeded=True`` the function is called as ``fn(sample, rng)``, ``rng`` a
+        in every mode. ``batch_safe=True`` declares that ``fn`` applied to a batch (a dict of
+        stacked columns) gives the batch of what it gives each sample, and never returns
+        ``None`` (an error if it does): written just before :meth:`batch`, the optimizer
+        then runs it once per batch, after the batch (pass ``"batching"``). With ``seeded=True`` the function is called as ``fn(sample, rng)``, ``rng`` a
         ``numpy.random.Generator`` seeded for this sample by the pipeline (its seed, the
         epoch, the sample's origin, the operator): random augmentations written with it
         repeat exactly under any parallelism, in threads or processes, and after a resume.
@@ -175,54 +178,63 @@ class Pipeline:
         workers: str = "auto",
         processes: int | None = None,
         seeded: bool = False,
+        batch_safe: bool = False,
     ) -> Pipeline:
         method = "filter" if filter else "map"
         qualname = _pymap._qualname(fn)
         kind = "py_filter" if filter else "py_map"
         seeded = bool(seeded)
+        batch_safe = bool(batch_safe)
         kwargs: dict[str, Any] = {"workers": workers}
         if seeded:
             kwargs["seeded"] = True
+        if batch_safe:
+            if filter:
+                raise ValueError("batch_safe is for map(): a filter drops samples")
+            if seeded:
+                raise ValueError(
+                    "batch_safe needs an unseeded function: a seeded one draws per sample, "
+                    "so it would draw differently once per batch"
+                )
+            kwargs["batch_safe"] = True
         label = ", seeded" if seeded else ""
-        if workers == "auto" and processes is not None:
-            # A pool size given is a choice of processes.
-            workers = "processes"
+        label += ", batch_safe" if batch_safe else ""
+        if processes is not None:
+            kwargs["processes"] = processes
+            if workers == "auto":
+                # A pool size given is a choice of processes.
+                workers = "processes"
+        recipe = self._recipe + ((method, (fn,), kwargs),)
+
+        def op(target: Any, mode: str, where: str, stage: Any = None) -> Any:
+            return self._p.py_op(target, f"{kind}({qualname}, {where}{label})", qualname, filter,
+                                 mode, seeded, stage, batch_safe)
+
+        on_threads = _pymap.Seeded(fn) if seeded else fn
         if workers == "auto":
-            n = None
-            target = _pymap.Seeded(fn) if seeded else fn
             import multiprocessing
 
             try:
                 if multiprocessing.current_process().daemon:
                     raise TypeError("a daemonic process cannot start worker processes")
-                stage = _pymap.ProcessStage(fn, n, filter)
+                stage = _pymap.ProcessStage(fn, None, filter)
             except TypeError:
                 # It cannot reach a worker process (it does not pickle, it was defined in an
                 # interactive session, or this process cannot start any): engine threads.
-                native = self._p.py_op(target, f"{kind}({qualname}, threads{label})",
-                                       qualname, filter, "threads", seeded)
-                return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages)
-            native = self._p.py_op(target, f"{kind}({qualname}, auto{label})", qualname, filter,
-                                   "auto", seeded, stage)
-            return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages + (stage,))
+                return Pipeline(op(on_threads, "threads", "threads"), recipe, self._stages)
+            native = op(on_threads, "auto", "auto", stage)
+            return Pipeline(native, recipe, self._stages + (stage,))
         if workers == "threads":
             if processes is not None:
                 raise ValueError('processes= is for workers="processes"')
-            target = _pymap.Seeded(fn) if seeded else fn
-            native = self._p.py_op(target, f"{kind}({qualname}, threads{label})", qualname, filter,
-                                   "threads", seeded)
-            return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages)
+            return Pipeline(op(on_threads, "threads", "threads"), recipe, self._stages)
         if workers != "processes":
             raise ValueError(f'workers must be "auto", "processes" or "threads", not {workers!r}')
         # The pool's size is the run's business (its engine threads) unless given here.
         n = int(processes) if processes is not None else None
-        if processes is not None:
-            kwargs["processes"] = processes
         stage = _pymap.ProcessStage(fn, n, filter)
-        size = "auto" if n is None else n
-        native = self._p.py_op(stage, f"{kind}({qualname}, processes={size}{label})", qualname,
-                               filter, "processes", seeded)
-        return Pipeline(native, self._recipe + ((method, (fn,), kwargs),), self._stages + (stage,))
+        native = op(stage, "processes", f"processes={'auto' if n is None else n}")
+        return Pipeline(native, recipe, self._stages + (stage,))
 
     def apply(self, op: Mapping[str, Any], /) -> Pipeline:
         """Adds any operator given as a spec entry (``{"op": "shuffle", "buffer": 100}``)."""
@@ -448,7 +460,7 @@ class Pipeline:
         connections carry over to the next run, such as the next epoch; default false,
         and true in :class:`stoker.torch.Dataset`; ``stoker.io.clear_cache()`` lets the
         shared stores go), ``disable`` (optimizer passes to turn off, for ablation and
-        debugging: ``"shuffle"``, ``"cache"``, ``"fusion"``; :meth:`explain` shows what each decided)."""
+        debugging: ``"shuffle"``, ``"batching"``, ``"cache"``, ``"fusion"``; :meth:`explain` shows what each decided)."""
         if threads is not None:
             threads = _count("threads", threads, 1)
         if window is not None:

@@ -570,3 +570,49 @@ def test_auto_workers_keep_a_function_that_does_not_pickle_on_threads():
     p = stoker.from_samples([{"x": i} for i in range(4)]).map(lambda s: {**s, "y": s["x"] * 2})
     assert "<lambda>, threads)" in p.explain()
     assert [s["y"] for s in p] == [0, 2, 4, 6]
+
+
+CALLS = []
+
+
+def double_x(s):
+    CALLS.append(1)
+    return {**s, "y": np.asarray(s["x"]) * 2.0}
+
+
+def test_a_batch_safe_function_before_a_batch_runs_once_per_batch_with_the_same_batches():
+    samples = [{"x": np.arange(4, dtype=np.float32) + i} for i in range(32)]
+
+    def batches(**options):
+        CALLS.clear()
+        p = stoker.from_samples(samples).map(double_x, workers="threads", batch_safe=True).batch(8)
+        p = p.options(**options)
+        out = [{k: np.array(v) for k, v in b.items()} for b in p]
+        return p, out, len(CALLS)
+
+    p, moved, calls = batches()
+    assert "moved py_map(double_x, threads, batch_safe) after batch(8)" in p.explain(), p.explain()
+    assert calls == 4
+    q, per_sample, calls = batches(disable=["batching"])
+    assert "moved" not in q.explain()
+    assert calls == 32
+    assert len(moved) == len(per_sample) == 4
+    for a, b in zip(moved, per_sample):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+        assert a["y"].shape == (8, 4)
+
+
+def none_for_seven(s):
+    return None if 7 in np.asarray(s["x"]).ravel() else s
+
+
+def test_a_batch_safe_function_may_not_drop_and_is_not_seeded_nor_a_filter():
+    p = stoker.from_samples([{"x": np.array([i])} for i in range(10)])
+    with pytest.raises(stoker.DataError, match="declared batch_safe"):
+        list(p.map(none_for_seven, workers="threads", batch_safe=True).batch(4))
+    with pytest.raises(ValueError, match="unseeded"):
+        p.map(double_x, seeded=True, batch_safe=True)
+    with pytest.raises(ValueError, match="a filter drops"):
+        p.filter(double_x, batch_safe=True)

@@ -24,6 +24,11 @@ pub struct OpMeta {
     pub size_ratio: Option<f64>,
     /// Names of operators this one may be swapped with without changing results.
     pub commutes_with: Vec<String>,
+    /// It has a batch form that gives the batch of what it gives each sample (its
+    /// `apply_batch` on a batch equals batching its per-sample outputs, and it never drops):
+    /// the optimizer may run it once per batch, after the batch stage, instead of on each
+    /// sample before it.
+    pub batch_form: bool,
 }
 
 impl OpMeta {
@@ -37,6 +42,7 @@ impl OpMeta {
             cost_ns: None,
             size_ratio: None,
             commutes_with: Vec::new(),
+            batch_form: false,
         }
     }
 
@@ -61,6 +67,12 @@ impl OpMeta {
     /// Sets the output-size hint.
     pub fn with_size_ratio(mut self, r: f64) -> OpMeta {
         self.size_ratio = Some(r);
+        self
+    }
+
+    /// Declares its batch form (see [`OpMeta::batch_form`]).
+    pub fn with_batch_form(mut self) -> OpMeta {
+        self.batch_form = true;
         self
     }
 

@@ -10,9 +10,13 @@
 //! - [`shuffle`] (`"shuffle"`): where a shuffle does its work: a seeded permutation of the
 //!   objects at the source when each sample is one object, else a buffer at the point where
 //!   samples are smallest;
+//! - [`batching`] (`"batching"`): per-sample operators with a batch form, written just
+//!   before a `batch`, run after it, once per batch;
 //! - [`placement`]: which operators run on the workers before the tail and which stay in
 //!   the tail, in the order the plan gives, and where the maps in the tail run
 //!   ([`placement::par_runs`]; [`INLINE_NS`]);
+//! - [`cache`] (`"cache"`): whether the workers keep samples after the deterministic head
+//!   of their chain for later epochs and later runs;
 //! - [`fusion`] (`"fusion"`): adjacent operators with one fused kernel (decode + random
 //!   resized crop) become that kernel, on the workers and in the tail's parallel stages;
 //! - [`read_path`]: whether a columnar format is read straight into batches;
@@ -25,6 +29,7 @@
 //! that pushes its reasons, a call in [`optimize`] (and a name in [`PASSES`] if it can be
 //! turned off), and unit tests next to it.
 
+mod batching;
 mod cache;
 mod explain;
 mod fusion;
@@ -46,7 +51,7 @@ use std::sync::Arc;
 use stoker_core::CollatePolicy;
 
 /// The passes that can be turned off, by name (`RunOptions::disable`).
-pub const PASSES: &[&str] = &["shuffle", "cache", "fusion"];
+pub const PASSES: &[&str] = &["shuffle", "batching", "cache", "fusion"];
 
 /// What the passes know of the data beyond the plan (see each field).
 #[derive(Debug, Clone, Default)]
@@ -151,7 +156,12 @@ pub(crate) fn optimize(ops: &[Op], facts: &Facts, disabled: &[String]) -> Physic
     } else {
         shuffle::place_shuffles(ops, facts, &mut explain)
     };
-    let mut ph = placement::place_indexed(&placed.ops);
+    let ops = if off("batching") {
+        placed.ops
+    } else {
+        batching::place_batch_forms(placed.ops, &mut explain)
+    };
+    let mut ph = placement::place_indexed(&ops);
     ph.permute = placed.permute;
     explain.append(&mut ph.explain);
     ph.explain = explain;

@@ -39,7 +39,7 @@
 //! memory_limit = "2GiB"
 //! columnar = true                    # Parquet straight into batches when identical
 //! share_store = false                # true: the process's store, kept for later runs
-//! disable = []                       # optimizer passes to turn off: "shuffle", "cache", "fusion"
+//! disable = []                       # optimizer passes to turn off: "shuffle", "batching", "cache", "fusion"
 //!
 //! [store]                            # store options, the same keys as `--option`
 //! endpoint = "http://127.0.0.1:9000"

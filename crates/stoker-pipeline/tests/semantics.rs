@@ -508,7 +508,10 @@ fn an_unknown_pass_to_disable_is_refused_naming_the_passes() {
         e.to_string().contains("unknown optimizer pass \"shufle\""),
         "{e}"
     );
-    assert!(e.to_string().contains("shuffle, cache, fusion"), "{e}");
+    assert!(
+        e.to_string().contains("shuffle, batching, cache, fusion"),
+        "{e}"
+    );
 }
 
 #[test]

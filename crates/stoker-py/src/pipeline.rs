@@ -212,7 +212,7 @@ impl PyPipeline {
     /// function's. A filter keeps the samples for which the function is true. `seeded`:
     /// the target is also given the sample's seed (`target(sample, seed)`, or
     /// `target.call(sample, seed)`; else `None`).
-    #[pyo3(signature = (target, name, qualname, filter, mode, seeded, stage = None))]
+    #[pyo3(signature = (target, name, qualname, filter, mode, seeded, stage = None, batch_safe = false))]
     #[allow(clippy::too_many_arguments)]
     fn py_op(
         &self,
@@ -223,6 +223,7 @@ impl PyPipeline {
         mode: &str,
         seeded: bool,
         stage: Option<Py<PyAny>>,
+        batch_safe: bool,
     ) -> PyResult<Self> {
         let mode = match (mode, stage) {
             ("threads", None) => Mode::Threads,
@@ -235,7 +236,7 @@ impl PyPipeline {
                 )))
             }
         };
-        let op = PyOp::new(name, qualname, filter, seeded, mode, target);
+        let op = PyOp::new(name, qualname, (filter, seeded, batch_safe), mode, target);
         Ok(self.with(|p| p.map(op)))
     }
 

@@ -198,6 +198,9 @@ pub(crate) struct PyOp {
     filter: bool,
     /// Whether the call passes the sample's seed (see the module docs).
     seeded: bool,
+    /// Declared to give, on a batch, the batch of what it gives each sample, and never to
+    /// drop (`map(fn, batch_safe=True)`): the optimizer may run it once per batch.
+    batch_safe: bool,
     mode: Mode,
     target: Py<PyAny>,
 }
@@ -239,18 +242,23 @@ impl PyOp {
     pub(crate) fn new(
         name: String,
         qualname: String,
-        filter: bool,
-        seeded: bool,
+        (filter, seeded, batch_safe): (bool, bool, bool),
         mode: Mode,
         target: Py<PyAny>,
     ) -> PyOp {
         // A map may return None to drop the sample, so both kinds declare themselves
-        // filters: the optimizer then never moves them across a shuffle buffer.
+        // filters: the optimizer then never moves them across a shuffle buffer. A batch-safe
+        // map never drops (None is an error) and declares its batch form.
+        let meta = match batch_safe {
+            true => OpMeta::new(name).with_batch_form(),
+            false => OpMeta::new(name).filter(),
+        };
         PyOp {
-            meta: OpMeta::new(name).filter(),
+            meta,
             qualname,
             filter,
             seeded,
+            batch_safe,
             mode,
             target,
         }
@@ -277,6 +285,20 @@ impl PyOp {
         .with_cause(PyCause(original))
     }
 
+    /// A `None` result: the sample (or batch) dropped, unless the function declared it
+    /// never drops.
+    fn dropped<T>(&self) -> Result<Option<T>, Error> {
+        if self.batch_safe {
+            return Err(Error::operator(format!(
+                "Python function {} returned None, but it was declared batch_safe, which \
+                 promises it never drops (it may run once per batch, where None would drop \
+                 the whole batch); use .filter() to drop samples",
+                self.qualname
+            )));
+        }
+        Ok(None)
+    }
+
     /// What the function's result means for `sample`.
     fn outcome(&self, sample: Sample, out: &Bound<'_, PyAny>) -> Result<Option<Sample>, Error> {
         if self.filter {
@@ -287,7 +309,7 @@ impl PyOp {
             };
         }
         if out.is_none() {
-            return Ok(None);
+            return self.dropped();
         }
         if out.cast::<PyDict>().is_err() {
             return Err(Error::operator(format!(
@@ -319,7 +341,7 @@ impl PyOp {
             };
         }
         if out.is_none() {
-            return Ok(None);
+            return self.dropped();
         }
         if out.cast::<PyDict>().is_err() {
             return Err(Error::operator(format!(
