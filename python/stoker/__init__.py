@@ -133,9 +133,10 @@ class Pipeline:
 
         ``op`` a callable: a Python function on a sample, ``fn(sample: dict) -> dict | None``
         (``None`` drops the sample), with the keyword ``workers``: ``"auto"`` (default)
-        runs its first 16 calls on the engine's threads, measuring what a call costs and how
-        long threads waited for the GIL, then stays on threads when calls are cheap (under
-        0.2 ms) or release the GIL, and moves to worker processes when it holds the GIL
+        runs its first 16 calls on the engine's threads, measuring what a call costs and
+        whether a monitor thread can take the GIL during a call, then stays on threads when
+        calls are cheap (under 0.2 ms) or release the GIL, and moves to worker processes
+        when it holds the GIL
         (``run.explain()`` says which, with the numbers; a function that does not pickle
         stays on threads); ``"processes"``: a pool of ``processes`` worker processes, by
         default one per engine thread of the run, each started when that many calls are in

@@ -102,61 +102,133 @@ pub(crate) enum Mode {
 
 /// Calls measured before `workers="auto"` chooses.
 const PROBE_CALLS: u32 = 16;
+/// Calls after which it chooses whatever it has seen.
+const PROBE_LIMIT: u32 = 64;
 /// A call cheaper than this stays on the engine's threads: handing a sample to a worker
 /// process and its result back costs about as much.
 const CHEAP_NS: f64 = 200_000.0;
-/// Threads that waited for the GIL this long, as a fraction of the time spent in the
-/// calls, mean the function holds it: processes run it in parallel.
-const CONTENDED: f64 = 0.25;
+/// The monitor's tries needed to tell whether the function holds the GIL.
+const TRIES: u32 = 8;
+/// A try that got the GIL within this while a call was inside got it because the call let
+/// it go: a call that holds it gives it up only at the interpreter's switch interval
+/// (5 ms) or when it returns.
+const QUICK: Duration = Duration::from_millis(2);
 
 const PROBING: u8 = 0;
 const THREADS: u8 = 1;
 const PROCESSES: u8 = 2;
 
 /// `workers="auto"`: the function runs on the engine's threads for its first
-/// [`PROBE_CALLS`] calls, which measure what each call costs and how long engine threads
-/// waited for the GIL to make it (the other engine threads' calls and the training loop
-/// hold it). Then it stays on threads when calls are cheap (below [`CHEAP_NS`]: a
-/// process hand-off costs as much) or when threads rarely waited (the function releases
-/// the GIL: NumPy, decoders, I/O), and moves to the worker processes when they waited (it
-/// holds the GIL: pure Python). The outputs are the same either way (a seeded function gets
-/// the same seeds); only where calls run changes. The choice and its numbers are in
-/// `run.explain()`.
+/// [`PROBE_CALLS`] calls, which measure what a call costs, while a monitor thread tries,
+/// every fraction of a millisecond, to take the GIL when a call is inside the function.
+/// A function that releases the GIL (NumPy, decoders, I/O, `time.sleep`) lets the monitor
+/// in at once; one that holds it (plain Python) lets it in only when it returns (or at the
+/// interpreter's switch interval). Then the function stays on threads when calls are cheap
+/// (below [`CHEAP_NS`]: a process hand-off costs as much) or it released the GIL for most
+/// tries, and moves to the worker processes when it held it. The outputs are the same
+/// either way (a seeded function gets the same seeds); only where calls run changes. The
+/// choice and its numbers are in `run.explain()`.
 pub(crate) struct Auto {
     /// The `ProcessStage`, started only if chosen.
     stage: Py<PyAny>,
+    state: std::sync::Arc<AutoState>,
+}
+
+/// What the calls and the monitor share.
+struct AutoState {
     chosen: AtomicU8,
-    /// Calls, nanoseconds in calls, nanoseconds waiting for the GIL.
-    probe: parking_lot::Mutex<(u32, u64, u64)>,
+    /// Calls inside the function (holding the GIL, or inside and having let it go).
+    inside: AtomicUsize,
+    monitor: std::sync::Once,
+    probe: parking_lot::Mutex<Probe>,
     why: parking_lot::Mutex<Option<String>>,
+}
+
+/// What the measured calls and the monitor showed.
+#[derive(Default)]
+struct Probe {
+    calls: u32,
+    call_ns: u64,
+    /// The monitor's tries made while a call was inside, and those that got the GIL
+    /// within [`QUICK`] while it still was.
+    tries: u32,
+    let_in: u32,
 }
 
 impl Auto {
     pub(crate) fn new(stage: Py<PyAny>) -> Auto {
         Auto {
             stage,
-            chosen: AtomicU8::new(PROBING),
-            probe: parking_lot::Mutex::new((0, 0, 0)),
-            why: parking_lot::Mutex::new(None),
+            state: std::sync::Arc::new(AutoState {
+                chosen: AtomicU8::new(PROBING),
+                inside: AtomicUsize::new(0),
+                monitor: std::sync::Once::new(),
+                probe: parking_lot::Mutex::new(Probe::default()),
+                why: parking_lot::Mutex::new(None),
+            }),
         }
     }
 
-    /// Counts one measured call; chooses after [`PROBE_CALLS`].
-    fn note(&self, wait_ns: u64, call_ns: u64) {
-        let mut p = self.probe.lock();
-        if self.chosen.load(Ordering::Acquire) != PROBING {
+    fn chosen(&self) -> u8 {
+        self.state.chosen.load(Ordering::Acquire)
+    }
+
+    /// Starts the monitor (once): while the choice is open, it tries to take the GIL when a
+    /// call is inside, and counts whether it got in at once.
+    fn watch(&self) {
+        let st = self.state.clone();
+        self.state.monitor.call_once(move || {
+            let started = Instant::now();
+            let spawned = std::thread::Builder::new()
+                .name("stoker-gil-probe".into())
+                .spawn(move || {
+                    while st.chosen.load(Ordering::Acquire) == PROBING
+                        && started.elapsed() < Duration::from_secs(60)
+                    {
+                        if st.inside.load(Ordering::Acquire) == 0 {
+                            std::thread::sleep(Duration::from_micros(100));
+                            continue;
+                        }
+                        let Some(pass) = GATE.enter() else { return };
+                        let t = Instant::now();
+                        let during = Python::attach(|_| st.inside.load(Ordering::Acquire) > 0);
+                        drop(pass);
+                        let quick = during && t.elapsed() < QUICK;
+                        {
+                            let mut p = st.probe.lock();
+                            p.tries += 1;
+                            p.let_in += u32::from(quick);
+                        }
+                        std::thread::sleep(Duration::from_micros(300));
+                    }
+                });
+            // Without a monitor (no thread could start), the choice falls to what the calls
+            // cost (see `note`: threads after `PROBE_LIMIT` calls without tries).
+            drop(spawned);
+        });
+    }
+
+    /// Counts one measured call; chooses after [`PROBE_CALLS`] once the monitor has made
+    /// [`TRIES`] tries (or after [`PROBE_LIMIT`] calls).
+    fn note(&self, call_ns: u64) {
+        let st = &*self.state;
+        let mut p = st.probe.lock();
+        if st.chosen.load(Ordering::Acquire) != PROBING {
             return;
         }
-        p.0 += 1;
-        p.1 += call_ns;
-        p.2 += wait_ns;
-        if p.0 < PROBE_CALLS {
+        p.calls += 1;
+        p.call_ns += call_ns;
+        let per_call = p.call_ns as f64 / p.calls as f64;
+        let cheap = per_call < CHEAP_NS;
+        if p.calls < PROBE_CALLS || (!cheap && p.tries < TRIES && p.calls < PROBE_LIMIT) {
             return;
         }
-        let per_call = p.1 as f64 / p.0 as f64;
-        let waited = p.2 as f64 / (p.1.max(1)) as f64;
         let ms = per_call / 1e6;
-        let (mode, why) = if per_call < CHEAP_NS {
+        let tries = format!(
+            "the GIL was free for {} of {} tries to take it during its calls",
+            p.let_in, p.tries
+        );
+        let (mode, why) = if cheap {
             (
                 THREADS,
                 format!(
@@ -165,14 +237,22 @@ impl Auto {
                     CHEAP_NS / 1e6
                 ),
             )
-        } else if waited > CONTENDED {
+        } else if p.tries < TRIES {
+            (
+                THREADS,
+                format!(
+                    "threads: over its first {} calls ({ms:.3} ms each) it could not be told \
+                     whether it holds the GIL ({tries})",
+                    p.calls
+                ),
+            )
+        } else if p.let_in * 2 < p.tries {
             (
                 PROCESSES,
                 format!(
                     "worker processes: it holds the GIL (over its first {} calls of {ms:.3} \
-                     ms, threads waited {:.0}% of that time for it)",
-                    p.0,
-                    waited * 100.0
+                     ms, {tries})",
+                    p.calls
                 ),
             )
         } else {
@@ -180,14 +260,13 @@ impl Auto {
                 THREADS,
                 format!(
                     "threads: it releases the GIL (over its first {} calls of {ms:.3} ms, \
-                     threads waited {:.0}% of that time for it)",
-                    p.0,
-                    waited * 100.0
+                     {tries})",
+                    p.calls
                 ),
             )
         };
-        *self.why.lock() = Some(why);
-        self.chosen.store(mode, Ordering::Release);
+        *st.why.lock() = Some(why);
+        st.chosen.store(mode, Ordering::Release);
     }
 }
 
@@ -376,7 +455,7 @@ impl PyOp {
         let (processes, target) = match &self.mode {
             Mode::Threads => (false, self.target.bind(py)),
             Mode::Processes => (true, self.target.bind(py)),
-            Mode::Auto(a) => match a.chosen.load(Ordering::Acquire) {
+            Mode::Auto(a) => match a.chosen() {
                 PROCESSES => (true, a.stage.bind(py)),
                 _ => (false, self.target.bind(py)),
             },
@@ -417,24 +496,23 @@ impl PyOp {
             )));
         };
         let probing = match &self.mode {
-            Mode::Auto(a) if a.chosen.load(Ordering::Acquire) == PROBING => Some(a),
+            Mode::Auto(a) if a.chosen() == PROBING => Some(a),
             _ => None,
         };
         let Some(auto) = probing else {
             return Python::attach(f);
         };
-        let asked = Instant::now();
-        let mut timed = (0u64, 0u64);
+        auto.watch();
+        let mut call_ns = 0u64;
         let r = Python::attach(|py| {
-            let got = Instant::now();
+            let t = Instant::now();
+            auto.state.inside.fetch_add(1, Ordering::AcqRel);
             let r = f(py);
-            timed = (
-                (got - asked).as_nanos() as u64,
-                got.elapsed().as_nanos() as u64,
-            );
+            auto.state.inside.fetch_sub(1, Ordering::AcqRel);
+            call_ns = t.elapsed().as_nanos() as u64;
             r
         });
-        auto.note(timed.0, timed.1);
+        auto.note(call_ns);
         r
     }
 }
@@ -449,7 +527,7 @@ impl SampleOp for PyOp {
             Mode::Auto(a) => Some(format!(
                 "{}: {}",
                 self.meta.name,
-                a.why.lock().clone().unwrap_or_else(|| format!(
+                a.state.why.lock().clone().unwrap_or_else(|| format!(
                     "threads or worker processes, chosen after its first {PROBE_CALLS} calls \
                      (not made yet)"
                 ))
