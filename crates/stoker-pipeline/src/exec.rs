@@ -330,7 +330,9 @@ impl Run {
         } else {
             None
         };
-        let cfg = SourceConfig {
+        let mut cfg = SourceConfig {
+            // Set below, with the workers' cache.
+            held_ahead: None,
             // A shuffle the optimizer made a permutation of the objects at the source.
             shuffle_shards: p.shuffle_shards || ph.permute,
             cycle: p.cycle,
@@ -387,6 +389,9 @@ impl Run {
             })
         });
         stats.sample_cache = op_cache.as_ref().map(|c| c.counters.clone());
+        cfg.held_ahead = op_cache
+            .clone()
+            .map(|c| c as Arc<dyn crate::source::HeldAhead>);
         let producer_profile = stats.profiles(ph.producer.iter().map(|(i, _)| *i));
         let shared = Arc::new(Shared {
             stats,

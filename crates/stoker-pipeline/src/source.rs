@@ -445,9 +445,20 @@ impl Dataset {
     }
 }
 
+/// Samples the workers start from without the source's: those their cache holds at its cache
+/// point (`exec/opcache.rs`), by position. The source does not read such an object again
+/// (for a one-sample-per-object format); it hands on an empty sample in its place, which
+/// the workers replace with the cached one. Entries are never removed during a run, so one
+/// held when the source looks is held when the worker does.
+pub(crate) trait HeldAhead: std::fmt::Debug + Send + Sync {
+    fn holds(&self, pos: Pos) -> bool;
+}
+
 /// How the source orders and splits an epoch.
 #[derive(Debug, Clone)]
 pub(crate) struct SourceConfig {
+    /// See [`HeldAhead`].
+    pub held_ahead: Option<Arc<dyn HeldAhead>>,
     pub shuffle_shards: bool,
     pub cycle: usize,
     pub rank: Option<RankSplit>,
@@ -690,7 +701,7 @@ pub(crate) fn run_source(
 ) {
     let order = epoch_order(ds, cfg, epoch);
     if ds.per_object {
-        return run_per_object(ds, &order, &mut cursor, emit);
+        return run_per_object(ds, cfg.held_ahead.as_deref(), &order, &mut cursor, emit);
     }
     let (pieces, counts) = match (&cfg.counts, &cfg.rank) {
         (Some(counts), Some(r)) if r.splits() => (
@@ -716,6 +727,7 @@ fn sample_of_object(ds: &Dataset, id: u32, bytes: Bytes) -> Result<Sample, Error
 
 fn run_per_object(
     ds: &Arc<Dataset>,
+    held_ahead: Option<&dyn HeldAhead>,
     order: &[u32],
     cursor: &mut SourceCursor,
     emit: &mut dyn FnMut(Produced, &SourceCursor) -> bool,
@@ -752,15 +764,34 @@ fn run_per_object(
         return;
     }
     let store = ds.store.clone().expect("a store");
-    // Objects cached by an earlier epoch are not fetched again.
-    let cached: Vec<bool> = order[start..]
+    // Objects cached by an earlier epoch (or run), as read or as the workers' head made
+    // them, are not fetched again.
+    #[derive(Clone, Copy, PartialEq)]
+    enum From {
+        Store,
+        Cache,
+        Workers,
+    }
+    let from: Vec<From> = order[start..]
         .iter()
-        .map(|&i| ds.cache.as_ref().is_some_and(|c| c.contains(i)))
+        .map(|&i| {
+            let pos = Pos {
+                shard: i,
+                record: 0,
+            };
+            if held_ahead.is_some_and(|h| h.holds(pos)) {
+                From::Workers
+            } else if ds.cache.as_ref().is_some_and(|c| c.contains(i)) {
+                From::Cache
+            } else {
+                From::Store
+            }
+        })
         .collect();
     let keys: Vec<String> = order[start..]
         .iter()
-        .zip(&cached)
-        .filter(|(_, &c)| !c)
+        .zip(&from)
+        .filter(|(_, &f)| f == From::Store)
         .map(|(&i, _)| ds.shards[i as usize].key.clone())
         .collect();
     // Small: what waits here has left the fetch window's budget and not yet entered the
@@ -775,13 +806,22 @@ fn run_per_object(
             }
         }
     });
-    for (&id, &from_cache) in order[start..].iter().zip(&cached) {
-        if from_cache {
-            let s = ds.cache.as_ref().and_then(|c| c.get(id)).expect("cached");
-            if !send(cursor, id, Ok(s[0].clone())) {
-                break;
+    for (&id, &f) in order[start..].iter().zip(&from) {
+        match f {
+            From::Workers => {
+                if !send(cursor, id, Ok(Sample::new())) {
+                    break;
+                }
+                continue;
             }
-            continue;
+            From::Cache => {
+                let s = ds.cache.as_ref().and_then(|c| c.get(id)).expect("cached");
+                if !send(cursor, id, Ok(s[0].clone())) {
+                    break;
+                }
+                continue;
+            }
+            From::Store => {}
         }
         let Some(r) = rx.blocking_recv() else { break };
         let r = r

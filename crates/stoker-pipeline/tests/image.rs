@@ -505,14 +505,22 @@ fn later_runs_through_the_shared_store_start_from_the_decoded_images_and_yield_t
         .options(shared().with_disabled_passes(["cache", "fusion"]));
     // Epoch 0 fills the cache; epochs 1 and 2, each a run of its own, read from it.
     let (first, st) = crops(&p);
-    let c = st.sample_cache.expect("a cache kept for later runs");
+    let c = st
+        .sample_cache
+        .clone()
+        .expect("a cache kept for later runs");
     assert_eq!((c.stored, c.hits), (4, 0), "{c:?}");
+    let fetched = |st: &stoker_pipeline::Stats| st.storage.as_ref().unwrap().objects_fetched;
+    assert_eq!(fetched(&st), 4, "{:?}", st.storage);
     for epoch in 1..3 {
         let (cached, st) = crops(&p.clone().first_epoch(epoch));
-        let c = st.sample_cache.unwrap();
+        let c = st.sample_cache.clone().unwrap();
         assert_eq!((c.stored, c.hits), (0, 4), "epoch {epoch}: {c:?}");
+        // The cached images' files are not read again.
+        assert_eq!(fetched(&st), 0, "epoch {epoch}: {:?}", st.storage);
         let (plain, st) = crops(&off.clone().first_epoch(epoch));
         assert!(st.sample_cache.is_none());
+        assert_eq!(fetched(&st), 4, "epoch {epoch}: {:?}", st.storage);
         assert_eq!(cached, plain, "epoch {epoch}");
         assert_ne!(cached, first, "another epoch draws other crops");
     }

@@ -991,13 +991,15 @@ fn a_multi_epoch_run_caches_what_its_deterministic_head_makes_and_yields_the_sam
     let mut run = p.run().unwrap();
     let cached: Vec<Item> = run.by_ref().map(Result::unwrap).collect();
     let st = run.stats();
-    let c = st.sample_cache.expect("the run keeps a cache");
+    let c = st.sample_cache.clone().expect("the run keeps a cache");
     assert_eq!((c.stored, c.hits, c.over_limit), (57, 114, 0));
     assert_eq!(
         calls.load(Ordering::Relaxed),
         57,
         "the head ran once a sample"
     );
+    // Nor was any object fetched again in epochs 2 and 3.
+    assert_eq!(st.storage.as_ref().unwrap().objects_fetched, 57);
     let plan = run.explain();
     assert!(plan.contains("a cache after map[costly]: "), "{plan}");
     // Without the pass: the head runs every epoch, and the samples are the same.
@@ -1007,7 +1009,9 @@ fn a_multi_epoch_run_caches_what_its_deterministic_head_makes_and_yields_the_sam
         .options(RunOptions::default().with_disabled_passes(["cache"]));
     let mut run = off.run().unwrap();
     let uncached: Vec<Item> = run.by_ref().map(Result::unwrap).collect();
-    assert!(run.stats().sample_cache.is_none());
+    let st = run.stats();
+    assert!(st.sample_cache.is_none());
+    assert_eq!(st.storage.unwrap().objects_fetched, 3 * 57);
     assert_eq!(calls.load(Ordering::Relaxed), 3 * 57);
     assert_eq!(cached.len(), 3 * 57);
     assert_eq!(cached, uncached);

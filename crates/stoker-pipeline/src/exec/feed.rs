@@ -67,7 +67,18 @@ pub(super) fn spawn_source(
                     // The sample's bytes count against the budget until the
                     // consumer takes it: a full budget stops the source.
                     let held = match &mut p {
-                        Produced::Elem(e) => Some((e.sample.size_bytes() as u64, &mut e.hold)),
+                        Produced::Elem(e) => {
+                            // An object the workers' cache holds is not read (its sample
+                            // is empty here): admitted as if it had been, for what the
+                            // workers will make of it.
+                            let n = match e.sample.size_bytes() {
+                                0 if ds.per_object => {
+                                    ds.shards[e.pos.shard as usize].size.unwrap_or(0)
+                                }
+                                n => n as u64,
+                            };
+                            Some((n, &mut e.hold))
+                        }
                         Produced::Rows { parts, hold, .. } => {
                             Some((parts.iter().map(|c| c.size_bytes() as u64).sum(), hold))
                         }

@@ -6,7 +6,10 @@
 //!
 //! A worker that meets a sample the cache holds starts from the cached sample at the cache
 //! point (a clone: tensors and bytes are shared, not copied) and runs only the operators after
-//! it; otherwise it runs the head and stores what the head made. What the cache holds counts
+//! it; otherwise it runs the head and stores what the head made. The source does not read
+//! again an object whose sample the cache holds (for a format of one sample per object: an
+//! image from S3 is neither fetched nor decoded in later epochs); it sends an empty sample
+//! in its place (`source::HeldAhead`). What the cache holds counts
 //! in the run's memory budget, and stays within its limit (half the budget, set by the
 //! optimizer): a sample that does not fit, or finds the budget full at that moment, is not
 //! stored and is made again the next epoch. Nothing is evicted.
@@ -155,6 +158,14 @@ impl OpCache {
         Some(s)
     }
 
+    /// Whether the sample at `pos` is held (not counted as a hit).
+    pub(crate) fn contains(&self, pos: Pos) -> bool {
+        self.held
+            .entries
+            .read()
+            .contains_key(&(pos.shard, pos.record))
+    }
+
     /// Keeps `sample` (what the head made of the sample at `pos`) when it fits in the
     /// cache's limit and the budget has room now; counts it as stored or not.
     pub(crate) fn put(&self, pos: Pos, sample: &Sample) {
@@ -182,5 +193,11 @@ impl OpCache {
             .stored_bytes
             .fetch_add(bytes, Ordering::Relaxed);
         self.counters.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+impl crate::source::HeldAhead for OpCache {
+    fn holds(&self, pos: Pos) -> bool {
+        self.contains(pos)
     }
 }
