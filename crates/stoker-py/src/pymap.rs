@@ -107,8 +107,19 @@ const PROBE_LIMIT: u32 = 64;
 /// A call cheaper than this stays on the engine's threads: handing a sample to a worker
 /// process and its result back costs about as much.
 const CHEAP_NS: f64 = 200_000.0;
+/// What moving a byte to a worker process and back costs, in nanoseconds: the sample is
+/// pickled into shared memory, the result's arrays are copied out of it (about 1 GB/s in
+/// all, measured with a 768 KB result: 1,232 samples/s in processes against 2,235 on
+/// threads for a call of 0.4 ms that holds the GIL).
+const MOVE_NS_PER_BYTE: f64 = 1.0;
+/// A function that holds the GIL moves to worker processes only when its call takes at
+/// least this many times what moving its sample and result costs.
+const MOVE_FACTOR: f64 = 2.0;
 /// The monitor's tries needed to tell whether the function holds the GIL.
 const TRIES: u32 = 8;
+/// The tries enough at [`PROBE_LIMIT`] calls: a try waits for a call that holds the GIL to
+/// give it up, so over 64 calls of 2 ms on two threads the monitor may get only 5 to 7.
+const MIN_TRIES: u32 = 3;
 /// A try that got the GIL within this while a call was inside got it because the call let
 /// it go: a call that holds it gives it up only at the interpreter's switch interval
 /// (5 ms) or when it returns.
@@ -125,7 +136,9 @@ const PROCESSES: u8 = 2;
 /// in at once; one that holds it (plain Python) lets it in only when it returns (or at the
 /// interpreter's switch interval). Then the function stays on threads when calls are cheap
 /// (below [`CHEAP_NS`]: a process hand-off costs as much) or it released the GIL for most
-/// tries, and moves to the worker processes when it held it. The outputs are the same
+/// tries, and moves to the worker processes when it held it, unless moving its sample and
+/// result costs too much next to the call (a lookup that returns a large array in less time
+/// than the copy of that array takes: see [`MOVE_FACTOR`]). The outputs are the same
 /// either way (a seeded function gets the same seeds); only where calls run changes. The
 /// choice and its numbers are in `run.explain()`.
 pub(crate) struct Auto {
@@ -153,6 +166,8 @@ struct Probe {
     /// within [`QUICK`] while it still was.
     tries: u32,
     let_in: u32,
+    /// The bytes of the calls' arguments and results.
+    bytes: u64,
 }
 
 impl Auto {
@@ -210,7 +225,7 @@ impl Auto {
 
     /// Counts one measured call; chooses after [`PROBE_CALLS`] once the monitor has made
     /// [`TRIES`] tries (or after [`PROBE_LIMIT`] calls).
-    fn note(&self, call_ns: u64) {
+    fn note(&self, call_ns: u64, bytes: u64) {
         let st = &*self.state;
         let mut p = st.probe.lock();
         if st.chosen.load(Ordering::Acquire) != PROBING {
@@ -218,12 +233,15 @@ impl Auto {
         }
         p.calls += 1;
         p.call_ns += call_ns;
+        p.bytes += bytes;
         let per_call = p.call_ns as f64 / p.calls as f64;
         let cheap = per_call < CHEAP_NS;
         if p.calls < PROBE_CALLS || (!cheap && p.tries < TRIES && p.calls < PROBE_LIMIT) {
             return;
         }
         let ms = per_call / 1e6;
+        let bytes_per_call = p.bytes as f64 / p.calls as f64;
+        let move_ns = bytes_per_call * MOVE_NS_PER_BYTE;
         let tries = format!(
             "the GIL was free for {} of {} tries to take it during its calls",
             p.let_in, p.tries
@@ -237,12 +255,24 @@ impl Auto {
                     CHEAP_NS / 1e6
                 ),
             )
-        } else if p.tries < TRIES {
+        } else if p.tries < MIN_TRIES {
             (
                 THREADS,
                 format!(
                     "threads: over its first {} calls ({ms:.3} ms each) it could not be told \
                      whether it holds the GIL ({tries})",
+                    p.calls
+                ),
+            )
+        } else if p.let_in * 2 < p.tries && per_call < MOVE_FACTOR * move_ns {
+            (
+                THREADS,
+                format!(
+                    "threads: it holds the GIL, but moving its sample and result to a worker \
+                     process ({:.0} KB, about {:.3} ms) costs too much next to its call \
+                     ({ms:.3} ms; over its first {} calls, {tries})",
+                    bytes_per_call / 1e3,
+                    move_ns / 1e6,
                     p.calls
                 ),
             )
@@ -488,7 +518,12 @@ impl PyOp {
 
     /// Runs `f` with the GIL, unless the interpreter is exiting. While `workers="auto"`
     /// is choosing, the wait for the GIL and the time in `f` are measured.
-    fn attach<T>(&self, f: impl FnOnce(Python<'_>) -> Result<T, Error>) -> Result<T, Error> {
+    fn attach<T>(
+        &self,
+        in_bytes: usize,
+        out_bytes: impl Fn(&T) -> usize,
+        f: impl FnOnce(Python<'_>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         let Some(_pass) = GATE.enter() else {
             return Err(Error::operator(format!(
                 "Python function {} not called: the interpreter is exiting",
@@ -512,7 +547,8 @@ impl PyOp {
             call_ns = t.elapsed().as_nanos() as u64;
             r
         });
-        auto.note(call_ns);
+        let out = r.as_ref().map_or(0, &out_bytes);
+        auto.note(call_ns, (in_bytes + out) as u64);
         r
     }
 }
@@ -538,7 +574,8 @@ impl SampleOp for PyOp {
 
     fn apply(&self, sample: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {
         let seed = self.seeded.then(|| ctx.rng().next_u64());
-        self.attach(|py| {
+        let size = |s: &Option<Sample>| s.as_ref().map_or(0, Sample::size_bytes);
+        self.attach(sample.size_bytes(), size, |py| {
             let arg = sample_to_py(py, &sample).map_err(|e| self.raised(py, &e))?;
             self.call(py, arg, seed, |out| self.outcome(sample, out))
         })
@@ -553,7 +590,8 @@ impl SampleOp for PyOp {
         ctx: &mut OpContext,
     ) -> Option<Result<Option<Batch>, Error>> {
         let seed = self.seeded.then(|| ctx.rng().next_u64());
-        Some(self.attach(|py| {
+        let size = |b: &Option<Batch>| b.as_ref().map_or(0, Batch::size_bytes);
+        Some(self.attach(batch.size_bytes(), size, |py| {
             let arg = batch_to_py(py, &batch).map_err(|e| self.raised(py, &e))?;
             self.call(py, arg, seed, |out| self.batch_outcome(batch, out))
         }))
