@@ -135,10 +135,64 @@ fn rgb_to_hsv(r: u8, g: u8, b: u8) -> (u8, u8, u8) {
     } else {
         (4.0 + gc as f64 - rc as f64) as f32
     };
-    let h = ((h as f64 / 6.0 + 1.0) % 1.0) as f32;
+    // `(h / 6 + 1) % 1` as PIL has it: the sum lies in [5/6, 2) (h in [-1, 5)), where
+    // subtracting 1 is exact and equals the remainder (no fmod call).
+    let x = h as f64 / 6.0 + 1.0;
+    let h = (if x >= 1.0 { x - 1.0 } else { x }) as f32;
     let hu = ((h as f64 * 255.0) as i32).clamp(0, 255) as u8;
     let su = ((s as f64 * 255.0) as i32).clamp(0, 255) as u8;
     (hu, su, maxc)
+}
+
+/// `out[i] = k[0] * taps[0][i] + k[1] * taps[1][i] + ...`, summed from 0.0 in tap order (the
+/// sums of a loop over the taps for each output, bit for bit), a block of outputs at a time
+/// held in registers across the taps (vectorized; a loop adding each tap to the whole row
+/// instead spent its time loading and storing the row).
+fn weighted_sum(out: &mut [f32], k: &[f32], taps: &[&[f32]]) {
+    const BLOCK: usize = 32;
+    let n = out.len();
+    let mut i = 0;
+    while i + BLOCK <= n {
+        let mut a = [0f32; BLOCK];
+        for (&kt, tap) in k.iter().zip(taps) {
+            let v = &tap[i..i + BLOCK];
+            for j in 0..BLOCK {
+                a[j] += kt * v[j];
+            }
+        }
+        out[i..i + BLOCK].copy_from_slice(&a);
+        i += BLOCK;
+    }
+    for (j, o) in out.iter_mut().enumerate().skip(i) {
+        let mut a = 0f32;
+        for (&kt, tap) in k.iter().zip(taps) {
+            a += kt * tap[j];
+        }
+        *o = a;
+    }
+}
+
+/// `x.round_ties_even().clamp(0.0, 255.0) as u8` without a libm call (baseline x86-64
+/// has no rounding instruction): clamped first (0 and 255 are whole, so the order does not
+/// matter), then rounded to nearest even by adding and subtracting 1.5 x 2^23, exact for
+/// magnitudes below 2^22 in the default rounding mode.
+#[inline]
+fn round_even_u8(x: f32) -> u8 {
+    const MAGIC: f32 = 12_582_912.0;
+    let c = x.clamp(0.0, 255.0);
+    ((c + MAGIC) - MAGIC) as u8
+}
+
+/// `x.round() as i32` (half away from zero) without a libm call for the non-negative
+/// values the HSV conversion gives: `x - trunc(x)` is exact there.
+#[inline]
+fn round_half_away(x: f32) -> i32 {
+    if (0.0..1e9).contains(&x) {
+        let t = x as i32;
+        t + i32::from(x - t as f32 >= 0.5)
+    } else {
+        x.round() as i32
+    }
 }
 
 /// PIL's HSV -> RGB.
@@ -150,9 +204,10 @@ fn hsv_to_rgb(h: u8, s: u8, v: u8) -> (u8, u8, u8) {
     let hf = h as f32 * 6.0 / 255.0;
     let sf = s as f32 / 255.0;
     let vf = v as f32;
-    let i = hf.floor();
+    // hf >= 0: truncation is the floor (without a libm call on baseline x86-64).
+    let i = hf as i32 as f32;
     let f = hf - i;
-    let round = |x: f32| (x.round() as i32).clamp(0, 255) as u8;
+    let round = |x: f32| round_half_away(x).clamp(0, 255) as u8;
     let p = round(vf * (1.0 - sf));
     let q = round(vf * (1.0 - sf * f));
     let t = round(vf * (1.0 - sf * (1.0 - f)));
@@ -371,43 +426,41 @@ impl GaussianBlur {
             let m = i.rem_euclid(p);
             (if m >= n { p - m } else { m }) as usize
         };
-        // Rows: f32 intermediate.
-        let rx = (self.kernel_x / 2) as isize;
-        let xs: Vec<Vec<usize>> = (0..w)
-            .map(|x| {
-                (0..self.kernel_x)
-                    .map(|t| reflect(x as isize + t as isize - rx, w))
-                    .collect()
-            })
+        // Rows: f32 intermediate. Each row is padded once (reflected, as f32); each tap
+        // is then the padded row shifted, and the output row their weighted sum.
+        let rx = self.kernel_x / 2;
+        let stride = w * c;
+        let src: Vec<usize> = (0..w + 2 * rx)
+            .map(|x| reflect(x as isize - rx as isize, w))
             .collect();
-        let mut mid = vec![0f32; h * w * c];
+        let mut padded = vec![0f32; (w + 2 * rx) * c];
+        let mut mid = vec![0f32; h * stride];
         for y in 0..h {
             let row = img.row(y);
-            for x in 0..w {
-                for ch in 0..c {
-                    let mut acc = 0f32;
-                    for (t, &sx) in xs[x].iter().enumerate() {
-                        acc += kx[t] * row[sx * c + ch] as f32;
-                    }
-                    mid[(y * w + x) * c + ch] = acc;
+            for (px, &sx) in padded.chunks_exact_mut(c).zip(&src) {
+                for (p, &v) in px.iter_mut().zip(&row[sx * c..sx * c + c]) {
+                    *p = v as f32;
                 }
             }
+            let taps: Vec<&[f32]> = (0..kx.len())
+                .map(|t| &padded[t * c..t * c + stride])
+                .collect();
+            weighted_sum(&mut mid[y * stride..(y + 1) * stride], &kx, &taps);
         }
         // Columns, accumulated a row at a time.
         let ry = (self.kernel_y / 2) as isize;
-        let stride = w * c;
         let mut out = vec![0u8; h * stride];
         let mut acc = vec![0f32; stride];
         for y in 0..h {
-            acc.fill(0.0);
-            for (t, &k) in ky.iter().enumerate() {
-                let sy = reflect(y as isize + t as isize - ry, h);
-                for (a, &m) in acc.iter_mut().zip(&mid[sy * stride..(sy + 1) * stride]) {
-                    *a += k * m;
-                }
-            }
+            let taps: Vec<&[f32]> = (0..ky.len())
+                .map(|t| {
+                    let sy = reflect(y as isize + t as isize - ry, h);
+                    &mid[sy * stride..(sy + 1) * stride]
+                })
+                .collect();
+            weighted_sum(&mut acc, &ky, &taps);
             for (o, &a) in out[y * stride..(y + 1) * stride].iter_mut().zip(&acc) {
-                *o = a.round_ties_even().clamp(0.0, 255.0) as u8;
+                *o = round_even_u8(a);
             }
         }
         hwc_tensor(h, w, c, out)
@@ -434,6 +487,160 @@ mod tests {
         }
         // 8-bit hue and saturation lose precision; PIL's round trip is just as lossy.
         assert!(worst <= 8, "{worst}");
+    }
+
+    /// PIL's conversions as first written (fmod, floor and round from libm): the faster
+    /// forms above must give the same bytes for every input.
+    fn rgb_to_hsv_reference(r: u8, g: u8, b: u8) -> (u8, u8, u8) {
+        let maxc = r.max(g).max(b);
+        let minc = r.min(g).min(b);
+        if maxc == minc {
+            return (0, 0, maxc);
+        }
+        let (rf, gf, bf) = (r as f32, g as f32, b as f32);
+        let cr = (maxc - minc) as f32;
+        let s = cr / maxc as f32;
+        let rc = (maxc as f32 - rf) / cr;
+        let gc = (maxc as f32 - gf) / cr;
+        let bc = (maxc as f32 - bf) / cr;
+        let h: f32 = if r == maxc {
+            bc - gc
+        } else if g == maxc {
+            (2.0 + rc as f64 - bc as f64) as f32
+        } else {
+            (4.0 + gc as f64 - rc as f64) as f32
+        };
+        let h = ((h as f64 / 6.0 + 1.0) % 1.0) as f32;
+        let hu = ((h as f64 * 255.0) as i32).clamp(0, 255) as u8;
+        let su = ((s as f64 * 255.0) as i32).clamp(0, 255) as u8;
+        (hu, su, maxc)
+    }
+
+    fn hsv_to_rgb_reference(h: u8, s: u8, v: u8) -> (u8, u8, u8) {
+        if s == 0 {
+            return (v, v, v);
+        }
+        let hf = h as f32 * 6.0 / 255.0;
+        let sf = s as f32 / 255.0;
+        let vf = v as f32;
+        let i = hf.floor();
+        let f = hf - i;
+        let round = |x: f32| (x.round() as i32).clamp(0, 255) as u8;
+        let p = round(vf * (1.0 - sf));
+        let q = round(vf * (1.0 - sf * f));
+        let t = round(vf * (1.0 - sf * (1.0 - f)));
+        match (i as i32) % 6 {
+            0 => (v, t, p),
+            1 => (q, v, p),
+            2 => (p, v, t),
+            3 => (p, q, v),
+            4 => (t, p, v),
+            _ => (v, p, q),
+        }
+    }
+
+    #[test]
+    fn hsv_conversions_equal_pils_for_every_input() {
+        for a in 0..=255u8 {
+            for b in 0..=255u8 {
+                for c in 0..=255u8 {
+                    assert_eq!(rgb_to_hsv(a, b, c), rgb_to_hsv_reference(a, b, c));
+                    assert_eq!(hsv_to_rgb(a, b, c), hsv_to_rgb_reference(a, b, c));
+                }
+            }
+        }
+        for x in [
+            0.0f32,
+            0.49999997,
+            0.5,
+            1.5,
+            2.5,
+            254.5,
+            255.49998,
+            1e9,
+            -0.5,
+            f32::NAN,
+        ] {
+            assert_eq!(round_half_away(x), x.round() as i32, "{x}");
+        }
+        // Every 1/4096 from -3 to 260, and each half's neighbours.
+        let even = |x: f32| x.round_ties_even().clamp(0.0, 255.0) as u8;
+        for k in 0..263 * 4096 {
+            let x = -3.0 + k as f32 / 4096.0;
+            assert_eq!(round_even_u8(x), even(x), "{x}");
+            if k % 2048 == 0 {
+                for y in [x.next_down(), x.next_up()] {
+                    assert_eq!(round_even_u8(y), even(y), "{y}");
+                }
+            }
+        }
+    }
+
+    /// The blur pixel by pixel, tap by tap: the vectorized rows must give the same bytes.
+    fn blur_reference(
+        px: &[u8],
+        (h, w, c): (usize, usize, usize),
+        k: usize,
+        sigma: f32,
+    ) -> Vec<u8> {
+        let kern = GaussianBlur::kernel(k, sigma);
+        let r = (k / 2) as isize;
+        let reflect = |i: isize, n: usize| -> usize {
+            let n = n as isize;
+            if n == 1 {
+                return 0;
+            }
+            let p = 2 * (n - 1);
+            let m = i.rem_euclid(p);
+            (if m >= n { p - m } else { m }) as usize
+        };
+        let mut mid = vec![0f32; h * w * c];
+        for y in 0..h {
+            for x in 0..w {
+                for ch in 0..c {
+                    let mut acc = 0f32;
+                    for (t, &kt) in kern.iter().enumerate() {
+                        let sx = reflect(x as isize + t as isize - r, w);
+                        acc += kt * px[(y * w + sx) * c + ch] as f32;
+                    }
+                    mid[(y * w + x) * c + ch] = acc;
+                }
+            }
+        }
+        let mut out = vec![0u8; h * w * c];
+        for y in 0..h {
+            for i in 0..w * c {
+                let mut acc = 0f32;
+                for (t, &kt) in kern.iter().enumerate() {
+                    let sy = reflect(y as isize + t as isize - r, h);
+                    acc += kt * mid[sy * w * c + i];
+                }
+                out[y * w * c + i] = acc.round_ties_even().clamp(0.0, 255.0) as u8;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_blur_equals_the_pixel_by_pixel_sums() {
+        let mut rng = Rng::from_words(&[7]);
+        for (h, w, c, k) in [
+            (1, 1, 3, 11),
+            (3, 2, 1, 5),
+            (7, 13, 3, 11),
+            (40, 31, 3, 11),
+            (9, 64, 4, 3),
+        ] {
+            let px: Vec<u8> = (0..h * w * c).map(|_| rng.next_u64() as u8).collect();
+            let t = hwc_tensor(h, w, c, px.clone()).unwrap();
+            for sigma in [0.1, 0.7, 2.0] {
+                let got = GaussianBlur::new(k, (sigma, sigma))
+                    .apply_sigma(&t, sigma)
+                    .unwrap();
+                let want = hwc_tensor(h, w, c, blur_reference(&px, (h, w, c), k, sigma)).unwrap();
+                assert_eq!(got, want, "{h}x{w}x{c} k {k} sigma {sigma}");
+            }
+        }
     }
 
     #[test]
