@@ -113,9 +113,9 @@ pub(crate) fn adjust_saturation(px: &mut [u8], c: usize, factor: f32) {
     }
 }
 
-/// PIL's RGB -> HSV (all three as u8).
-#[inline]
-fn rgb_to_hsv(r: u8, g: u8, b: u8) -> (u8, u8, u8) {
+/// PIL's RGB -> HSV (all three as u8), as PIL computes it; [`rgb_to_hsv`] looks its hue
+/// and saturation up instead.
+fn rgb_to_hsv_exact(r: u8, g: u8, b: u8) -> (u8, u8, u8) {
     let maxc = r.max(g).max(b);
     let minc = r.min(g).min(b);
     if maxc == minc {
@@ -142,6 +142,86 @@ fn rgb_to_hsv(r: u8, g: u8, b: u8) -> (u8, u8, u8) {
     let hu = ((h as f64 * 255.0) as i32).clamp(0, 255) as u8;
     let su = ((s as f64 * 255.0) as i32).clamp(0, 255) as u8;
     (hu, su, maxc)
+}
+
+/// PIL's 8-bit hue and saturation by table. With `cr = max - min`, the saturation depends
+/// only on `(cr, max)`, and the hue only on which channel is the largest (the first of
+/// r, g, b that is), which of the other two is the smallest, and `d = max - x` of the
+/// remaining one (`x`): PIL's quotients are `d / cr`, and 1 for the smallest. Both tables
+/// (384 KiB and 64 KiB) are filled once from [`rgb_to_hsv_exact`]: the hues from the colours
+/// whose smallest channel is 0 (every other colour is one of them shifted, with the same
+/// case, `cr` and `d`), the saturations from one colour per `(cr, max)`; a test checks every one of the 16.7M colours against PIL's arithmetic.
+struct HsvTables {
+    hue: Vec<u8>,
+    sat: Vec<u8>,
+}
+
+static HSV: std::sync::LazyLock<HsvTables> = std::sync::LazyLock::new(|| {
+    let mut t = HsvTables {
+        hue: vec![0; 6 << 16],
+        sat: vec![0; 1 << 16],
+    };
+    for a in 0..=255u8 {
+        for b in 0..=255u8 {
+            for (r, g, bl) in [(0, a, b), (a, 0, b), (a, b, 0)] {
+                let (maxc, minc) = (r.max(g).max(bl), r.min(g).min(bl));
+                if maxc == minc {
+                    continue;
+                }
+                t.hue[hue_index(r, g, bl, maxc, minc)] = rgb_to_hsv_exact(r, g, bl).0;
+            }
+        }
+    }
+    for maxc in 1..=255u8 {
+        for cr in 1..=maxc {
+            t.sat[(cr as usize) << 8 | maxc as usize] =
+                rgb_to_hsv_exact(maxc, maxc - cr, maxc - cr).1;
+        }
+    }
+    t
+});
+
+/// Where [`HsvTables::hue`] holds the hue of `(r, g, b)` (not gray).
+#[inline]
+fn hue_index(r: u8, g: u8, b: u8, maxc: u8, minc: u8) -> usize {
+    let (case, other) = if r == maxc {
+        if g == minc {
+            (0, b)
+        } else {
+            (1, g)
+        }
+    } else if g == maxc {
+        if r == minc {
+            (2, b)
+        } else {
+            (3, r)
+        }
+    } else if g == minc {
+        (4, r)
+    } else {
+        (5, g)
+    };
+    case << 16 | ((maxc - minc) as usize) << 8 | (maxc - other) as usize
+}
+
+/// PIL's RGB -> HSV (all three as u8), by table.
+#[inline]
+fn rgb_to_hsv_in(t: &HsvTables, r: u8, g: u8, b: u8) -> (u8, u8, u8) {
+    let maxc = r.max(g).max(b);
+    let minc = r.min(g).min(b);
+    if maxc == minc {
+        return (0, 0, maxc);
+    }
+    (
+        t.hue[hue_index(r, g, b, maxc, minc)],
+        t.sat[((maxc - minc) as usize) << 8 | maxc as usize],
+        maxc,
+    )
+}
+
+#[cfg(test)]
+fn rgb_to_hsv(r: u8, g: u8, b: u8) -> (u8, u8, u8) {
+    rgb_to_hsv_in(&HSV, r, g, b)
 }
 
 /// `out[i] = k[0] * taps[0][i] + k[1] * taps[1][i] + ...`, summed from 0.0 in tap order (the
@@ -228,8 +308,9 @@ pub(crate) fn adjust_hue(px: &mut [u8], c: usize, factor: f32) {
         return;
     }
     let shift = ((factor as f64 * 255.0) as i64).rem_euclid(256) as u8;
+    let t = &*HSV;
     for p in px.chunks_exact_mut(c) {
-        let (h, s, v) = rgb_to_hsv(p[0], p[1], p[2]);
+        let (h, s, v) = rgb_to_hsv_in(t, p[0], p[1], p[2]);
         let (r, g, b) = hsv_to_rgb(h.wrapping_add(shift), s, v);
         p[0] = r;
         p[1] = g;
@@ -544,7 +625,9 @@ mod tests {
         for a in 0..=255u8 {
             for b in 0..=255u8 {
                 for c in 0..=255u8 {
-                    assert_eq!(rgb_to_hsv(a, b, c), rgb_to_hsv_reference(a, b, c));
+                    let want = rgb_to_hsv_reference(a, b, c);
+                    assert_eq!(rgb_to_hsv(a, b, c), want);
+                    assert_eq!(rgb_to_hsv_exact(a, b, c), want);
                     assert_eq!(hsv_to_rgb(a, b, c), hsv_to_rgb_reference(a, b, c));
                 }
             }
