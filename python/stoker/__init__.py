@@ -51,6 +51,10 @@ __all__ = [
 
 __version__: str = _native.__version__
 
+#: The optimizer passes ``options(disable=[...])`` can turn off, in the order they run
+#: (docs/pipeline.md, The optimizer).
+OPTIMIZER_PASSES: tuple[str, ...] = tuple(_native.OPTIMIZER_PASSES)
+
 #: The record formats ``from_url`` reads (and ``"auto"``, its default, which chooses
 #: among them by the objects' extensions).
 FORMATS = ("files", "imagefolder", "tar", "webdataset", "tfrecord", "parquet", "jsonl", "csv")

@@ -8,6 +8,7 @@ __version__: str
 STORE_OPTION_KEYS: list[str]
 # Each format option, with the format that reads it.
 FORMAT_OPTION_KEYS: dict[str, str]
+OPTIMIZER_PASSES: list[str]
 
 class DataError(ValueError):
     """A bad record or an operator that failed on a sample."""

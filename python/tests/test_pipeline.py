@@ -355,6 +355,10 @@ def test_optimizer_passes_can_be_turned_off_and_explain_says_what_each_decided()
     assert [s["x"] for s in on] == [s["x"] for s in p]
     with pytest.raises(ValueError, match='unknown optimizer pass "shufle"'):
         p.options(disable=["shufle"])
+    # Every pass the build knows can be named, all at once too.
+    assert stoker.OPTIMIZER_PASSES == ("shuffle", "batching", "cache", "fusion")
+    every = list(stoker.OPTIMIZER_PASSES)
+    assert p.options(disable=every).run_options["disable"] == every
 
 
 def test_a_run_explains_its_plan_with_what_each_operator_measured():

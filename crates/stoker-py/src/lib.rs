@@ -71,6 +71,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .copied()
         .collect();
     m.add("FORMAT_OPTION_KEYS", formats)?;
+    m.add(
+        "OPTIMIZER_PASSES",
+        stoker_pipeline::OPTIMIZER_PASSES.to_vec(),
+    )?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
