@@ -706,13 +706,9 @@ def tf_simclr(tf, data, mean, std):
     at a RandomResizedCrop box, resize 224, flip, colour jitter (brightness, contrast,
     saturation, hue; p 0.8), grayscale (p 0.2), Gaussian blur (11 taps, sigma 0.1-2, as a
     separable depthwise convolution, reflect padding), normalize, CHW."""
-    shape = tf.image.extract_jpeg_shape(data)
-    begin, size, _ = tf.image.sample_distorted_bounding_box(
-        shape, tf.zeros([0, 0, 4], tf.float32), area_range=(0.08, 1.0),
-        aspect_ratio_range=(3 / 4, 4 / 3), max_attempts=10, use_image_if_no_bounding_boxes=True)
-    y, x, _ = tf.unstack(begin)
-    h, w, _ = tf.unstack(size)
-    img = tf.io.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
+    from ops_readers import tf_random_crop_decode  # the same crop-decode as bench/ops.py's
+
+    img = tf_random_crop_decode(tf, data)
     img = tf.image.resize(img, [SIZE, SIZE], method="bilinear", antialias=True) / 255.0
     img = tf.image.random_flip_left_right(img)
     b, c, s, hue = JITTER

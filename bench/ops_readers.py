@@ -152,19 +152,26 @@ def cmd_torch(a: argparse.Namespace) -> None:
     emit(n, t0, first, first_n)
 
 
-def tf_imagenet(data, mean, std):
-    """The ImageNet transform in TensorFlow on one JPEG's bytes: decode_and_crop_jpeg at a box
-    drawn by sample_distorted_bounding_box (tf's own fused crop-decode), resize to 224,
-    flip, normalize, CHW. Shared with bench/python_readers.py."""
-    import tensorflow as tf
-
+def tf_random_crop_decode(tf, data):
+    """RandomResizedCrop's box (scale 0.08-1, ratio 3/4-4/3) drawn by
+    sample_distorted_bounding_box, decoded by decode_and_crop_jpeg (tf's own fused
+    crop-decode): the crop as uint8 HWC, not yet resized. Shared with bench/cedar_readers.py."""
     shape = tf.image.extract_jpeg_shape(data)
     begin, size, _ = tf.image.sample_distorted_bounding_box(
         shape, tf.zeros([0, 0, 4], tf.float32), area_range=(0.08, 1.0),
         aspect_ratio_range=(3 / 4, 4 / 3), max_attempts=10, use_image_if_no_bounding_boxes=True)
     y, x, _ = tf.unstack(begin)
     h, w, _ = tf.unstack(size)
-    img = tf.io.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
+    return tf.io.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
+
+
+def tf_imagenet(data, mean, std):
+    """The ImageNet transform in TensorFlow on one JPEG's bytes: the fused random crop-decode
+    (tf_random_crop_decode), resize to 224, flip, normalize, CHW. Shared with
+    bench/python_readers.py."""
+    import tensorflow as tf
+
+    img = tf_random_crop_decode(tf, data)
     img = tf.image.resize(img, [224, 224], method="bilinear", antialias=True)
     img = tf.image.random_flip_left_right(img)
     img = (img - mean) / std

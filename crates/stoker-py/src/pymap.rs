@@ -516,11 +516,18 @@ impl PyOp {
         }
     }
 
+    /// Whether `workers="auto"` is still measuring calls (their argument's size is then
+    /// wanted: see [`PyOp::attach`]).
+    fn probing(&self) -> bool {
+        matches!(&self.mode, Mode::Auto(a) if a.chosen() == PROBING)
+    }
+
     /// Runs `f` with the GIL, unless the interpreter is exiting. While `workers="auto"`
-    /// is choosing, the wait for the GIL and the time in `f` are measured.
+    /// is choosing, the time in `f` and the bytes of its argument (`in_bytes`, measured
+    /// by the caller only while [`PyOp::probing`]) and result are measured.
     fn attach<T>(
         &self,
-        in_bytes: usize,
+        in_bytes: Option<usize>,
         out_bytes: impl Fn(&T) -> usize,
         f: impl FnOnce(Python<'_>) -> Result<T, Error>,
     ) -> Result<T, Error> {
@@ -548,7 +555,7 @@ impl PyOp {
             r
         });
         let out = r.as_ref().map_or(0, &out_bytes);
-        auto.note(call_ns, (in_bytes + out) as u64);
+        auto.note(call_ns, (in_bytes.unwrap_or(0) + out) as u64);
         r
     }
 }
@@ -575,7 +582,8 @@ impl SampleOp for PyOp {
     fn apply(&self, sample: Sample, ctx: &mut OpContext) -> Result<Option<Sample>, Error> {
         let seed = self.seeded.then(|| ctx.rng().next_u64());
         let size = |s: &Option<Sample>| s.as_ref().map_or(0, Sample::size_bytes);
-        self.attach(sample.size_bytes(), size, |py| {
+        let in_bytes = self.probing().then(|| sample.size_bytes());
+        self.attach(in_bytes, size, |py| {
             let arg = sample_to_py(py, &sample).map_err(|e| self.raised(py, &e))?;
             self.call(py, arg, seed, |out| self.outcome(sample, out))
         })
@@ -591,7 +599,8 @@ impl SampleOp for PyOp {
     ) -> Option<Result<Option<Batch>, Error>> {
         let seed = self.seeded.then(|| ctx.rng().next_u64());
         let size = |b: &Option<Batch>| b.as_ref().map_or(0, Batch::size_bytes);
-        Some(self.attach(batch.size_bytes(), size, |py| {
+        let in_bytes = self.probing().then(|| batch.size_bytes());
+        Some(self.attach(in_bytes, size, |py| {
             let arg = batch_to_py(py, &batch).map_err(|e| self.raised(py, &e))?;
             self.call(py, arg, seed, |out| self.batch_outcome(batch, out))
         }))
