@@ -383,9 +383,9 @@ impl Run {
                         .map(|(_, op)| op as &dyn std::fmt::Debug)
                         .collect();
                     let made_by = opcache::fingerprint(&ds.shards, &p.format, &head);
-                    opcache::OpCache::shared(url, made_by, c.after, c.limit, &budget)
+                    opcache::OpCache::shared(url, made_by, c.after, c.limit, &budget, c.watch)
                 }
-                _ => opcache::OpCache::new(c.after, c.limit, budget.clone()),
+                _ => opcache::OpCache::new(c.after, c.limit, budget.clone(), c.watch),
             })
         });
         stats.sample_cache = op_cache.as_ref().map(|c| c.counters.clone());

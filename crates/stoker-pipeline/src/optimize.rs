@@ -96,7 +96,7 @@ impl Facts {
     }
 }
 
-pub(crate) use cache::CachePlan;
+pub(crate) use cache::{CachePlan, WATCH_SAMPLES};
 
 /// The physical plan: producer ops (parallel) and tail stages (sequential).
 pub(crate) struct Physical {

@@ -109,6 +109,10 @@ pub(crate) struct CacheCounters {
     pub bytes: AtomicU64,
     /// `u64::MAX`: none.
     pub limit: AtomicU64,
+    /// The epoch's bytes at the cache point as measured while it filled (0: not measured).
+    pub projected: AtomicU64,
+    /// 1: the measured size did not fit, and the cache was dropped.
+    pub dropped: AtomicU64,
 }
 
 impl CacheCounters {
@@ -121,6 +125,8 @@ impl CacheCounters {
             over_limit: ld(&self.over_limit),
             bytes: ld(&self.bytes),
             limit: Some(ld(&self.limit)).filter(|&l| l != u64::MAX),
+            projected: Some(ld(&self.projected)).filter(|&l| l != 0),
+            dropped: ld(&self.dropped) != 0,
         }
     }
 }
@@ -142,6 +148,11 @@ pub struct SampleCacheStats {
     pub bytes: u64,
     /// The size limit: the directory's (`None`: unbounded), or half the memory budget.
     pub limit: Option<u64>,
+    /// The optimizer's cache of samples, when the size of an epoch's samples at its point
+    /// was not known before the run: that size as measured on the first samples.
+    pub projected: Option<u64>,
+    /// The optimizer's cache of samples was dropped: the measured size did not fit.
+    pub dropped: bool,
 }
 
 /// A skipped record or sample.

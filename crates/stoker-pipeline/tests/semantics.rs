@@ -1049,3 +1049,87 @@ fn the_sample_cache_stays_within_its_limit_and_what_does_not_fit_is_made_again()
     assert!(c.stored >= 1 && c.over_limit >= 1, "{c:?}");
     assert!(c.hits >= 1 && c.hits <= c.stored, "{c:?}");
 }
+
+#[test]
+fn a_cache_of_undeclared_size_is_measured_as_it_fills_and_dropped_if_the_epoch_would_not_fit() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    // A costly deterministic head that declares no size ratio (like an audio decoder), making
+    // each sample `grow` bytes larger, then a random operator.
+    let pipeline = |grow: usize, calls: Arc<AtomicUsize>, memory: u64| {
+        let head = FnOp::new(OpMeta::new("head").with_cost_ns(1e6), move |mut s, _| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            s.insert("big", Value::Bytes(vec![7u8; grow].into()));
+            Ok(Some(s))
+        });
+        files()
+            .map(head)
+            .map(Builtin::Fields(FieldOp::RandomInt {
+                to: "r".into(),
+                below: 1000,
+            }))
+            .epochs(Some(2))
+            .seed(9)
+            .options(
+                RunOptions::default()
+                    .with_memory_limit(memory)
+                    .with_threads(2),
+            )
+    };
+    let off = |p: stoker_pipeline::Pipeline| {
+        p.options(
+            RunOptions::default()
+                .with_memory_limit(64 << 20)
+                .with_threads(2)
+                .with_disabled_passes(["cache"]),
+        )
+    };
+    // Small samples: the measured epoch fits, the cache is kept, and the second epoch
+    // neither fetches nor runs the head.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let p = pipeline(16, calls.clone(), 64 << 20);
+    let mut run = p.run().unwrap();
+    assert!(
+        run.explain().contains("is measured as it fills"),
+        "{}",
+        run.explain()
+    );
+    let kept: Vec<Item> = run.by_ref().map(Result::unwrap).collect();
+    let st = run.stats();
+    let c = st.sample_cache.clone().expect("a cache");
+    assert!(!c.dropped, "{c:?}");
+    assert!(c.projected.is_some(), "{c:?}");
+    assert_eq!((c.stored, c.hits), (57, 57), "{c:?}");
+    assert_eq!(calls.load(Ordering::Relaxed), 57);
+    assert_eq!(st.storage.as_ref().unwrap().objects_fetched, 57);
+    assert!(
+        run.explain().contains("within its limit"),
+        "{}",
+        run.explain()
+    );
+    let mut run = off(pipeline(16, Arc::default(), 64 << 20)).run().unwrap();
+    assert_eq!(kept, run.by_ref().map(Result::unwrap).collect::<Vec<_>>());
+    // Samples of 1 MiB, a cache of 4 MiB: the first samples show that the epoch (57 MiB)
+    // would not fit, so the cache gives its bytes back and stores nothing more; every
+    // sample is still read and made, the same as without the pass.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut run = pipeline(1 << 20, calls.clone(), 8 << 20).run().unwrap();
+    let dropped: Vec<Item> = run.by_ref().map(Result::unwrap).collect();
+    let st = run.stats();
+    let c = st.sample_cache.clone().expect("a cache");
+    assert!(c.dropped, "{c:?}");
+    assert!(c.projected.unwrap() > 4 << 20, "{c:?}");
+    assert_eq!((c.hits, c.bytes), (0, 0), "{c:?}");
+    assert!(c.stored < 32, "{c:?}");
+    assert_eq!(calls.load(Ordering::Relaxed), 2 * 57);
+    assert_eq!(st.storage.as_ref().unwrap().objects_fetched, 2 * 57);
+    let e = run.explain();
+    assert!(e.contains("over its limit of 4.0 MiB: dropped"), "{e}");
+    let mut run = off(pipeline(1 << 20, Arc::default(), 8 << 20))
+        .run()
+        .unwrap();
+    assert_eq!(
+        dropped,
+        run.by_ref().map(Result::unwrap).collect::<Vec<_>>()
+    );
+}

@@ -195,11 +195,22 @@ fn print_summary(out: &mut impl Write, r: &RunReport, st: &Stats) -> std::io::Re
     if let Some(c) = &r.sample_cache {
         writeln!(
             out,
-            "sample cache: {} samples served, {} stored ({:.1} MiB), {} not stored (no room)",
+            "sample cache: {} samples served, {} stored ({:.1} MiB), {} not stored (no room){}",
             c.hits,
             c.stored,
             c.stored_bytes as f64 / (1 << 20) as f64,
-            c.over_limit
+            c.over_limit,
+            match (c.projected, c.dropped) {
+                (Some(p), true) => format!(
+                    "; dropped: an epoch measured {:.1} MiB, over its limit",
+                    p as f64 / (1 << 20) as f64
+                ),
+                (Some(p), false) => format!(
+                    "; an epoch measured {:.1} MiB as it filled",
+                    p as f64 / (1 << 20) as f64
+                ),
+                _ => String::new(),
+            }
         )?;
     }
     if let Some(b) = &r.batch_slots {

@@ -88,7 +88,7 @@ pub(super) fn sample_through(
     }
     for (k, (i, op)) in ops.iter().enumerate().skip(start) {
         if let Some(c) = how.cache.filter(|c| k == c.after && start == 0) {
-            c.put(el.pos, &el.sample);
+            c.put(el.pos, &el.sample, before as u64);
         }
         let c = how.counters.map(|c| &*c[k]);
         let p0 = profile.map(|_| (Instant::now(), el.sample.size_bytes() as u64));

@@ -27,13 +27,14 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use parking_lot::{Mutex, RwLock};
 use stoker_core::{MemoryBudget, Reservation, Sample};
 use stoker_formats::ShardInfo;
 
+use crate::optimize::WATCH_SAMPLES;
 use crate::source::Pos;
 use crate::stats::CacheCounters;
 
@@ -56,17 +57,75 @@ struct Held {
     limit: u64,
     /// What made the samples (see [`fingerprint`]); 0 for a run's own cache.
     fingerprint: u64,
+    /// The epoch's input bytes, when the size of its samples at the cache point is measured
+    /// as the cache fills (`CachePlan::watch`).
+    watch: Option<u64>,
+    /// [`PENDING`], [`KEEP`] or [`DROPPED`]: whether the measured size fits (always
+    /// [`KEEP`] without `watch`).
+    verdict: AtomicU8,
+    /// Samples measured, their bytes before the chain and at the cache point.
+    seen: Mutex<(u64, u64, u64)>,
+    /// The epoch's bytes at the cache point as measured (0: not yet).
+    projected: AtomicU64,
 }
 
+/// The measured size is not known yet: the cache stores, but the source reads everything.
+const PENDING: u8 = 0;
+/// The epoch fits: the cache keeps what it stores for good.
+const KEEP: u8 = 1;
+/// The epoch would not fit: the cache gave back what it held and stores nothing more.
+const DROPPED: u8 = 2;
+
 impl Held {
-    fn new(limit: u64, budget: MemoryBudget, fingerprint: u64) -> Held {
+    fn new(limit: u64, budget: MemoryBudget, fingerprint: u64, watch: Option<u64>) -> Held {
         Held {
             entries: RwLock::new(HashMap::new()),
             hold: Mutex::new(None),
             budget,
             limit,
             fingerprint,
+            watch,
+            verdict: AtomicU8::new(if watch.is_some() { PENDING } else { KEEP }),
+            seen: Mutex::new((0, 0, 0)),
+            projected: AtomicU64::new(0),
         }
+    }
+
+    /// Notes a sample of `bytes_in` bytes at the source and `bytes` at the cache point while
+    /// the verdict is pending; once [`WATCH_SAMPLES`] samples (or the whole epoch) are
+    /// measured, decides. Returns the verdict.
+    fn measure(&self, bytes_in: u64, bytes: u64, counters: &CacheCounters) -> u8 {
+        let Some(epoch_in) = self.watch else {
+            return KEEP;
+        };
+        let mut seen = self.seen.lock();
+        let v = self.verdict.load(Ordering::Acquire);
+        if v != PENDING {
+            return v;
+        }
+        seen.0 += 1;
+        seen.1 += bytes_in;
+        seen.2 += bytes;
+        if seen.0 < WATCH_SAMPLES && seen.1 < epoch_in {
+            return PENDING;
+        }
+        let projected = ((seen.2 as f64 / seen.1.max(1) as f64 * epoch_in as f64) as u64).max(1);
+        self.projected.store(projected, Ordering::Relaxed);
+        counters.projected.store(projected, Ordering::Relaxed);
+        if projected <= self.limit {
+            self.verdict.store(KEEP, Ordering::Release);
+            return KEEP;
+        }
+        // Dropped while pending: the source has skipped no object for it (it skips only
+        // what a kept cache holds), so every sample is still read and made.
+        // Under the hold's lock, which `put` keeps from its check to its insert.
+        let mut hold = self.hold.lock();
+        self.verdict.store(DROPPED, Ordering::Release);
+        self.entries.write().clear();
+        *hold = None;
+        counters.bytes.store(0, Ordering::Relaxed);
+        counters.dropped.store(1, Ordering::Relaxed);
+        DROPPED
     }
 
     fn bytes(&self) -> u64 {
@@ -110,8 +169,15 @@ pub(crate) fn fingerprint(
 
 impl OpCache {
     /// A cache of this run's own.
-    pub(crate) fn new(after: usize, limit: u64, budget: MemoryBudget) -> OpCache {
-        OpCache::using(after, Arc::new(Held::new(limit, budget, 0)))
+    /// (`watch`: the epoch's input bytes, when the size at the cache point is measured as
+    /// the cache fills.)
+    pub(crate) fn new(
+        after: usize,
+        limit: u64,
+        budget: MemoryBudget,
+        watch: Option<u64>,
+    ) -> OpCache {
+        OpCache::using(after, Arc::new(Held::new(limit, budget, 0, watch)))
     }
 
     /// The shared cache of `url` when it was made by what makes this run's samples
@@ -122,12 +188,13 @@ impl OpCache {
         after: usize,
         limit: u64,
         budget: &MemoryBudget,
+        watch: Option<u64>,
     ) -> OpCache {
         let mut r = SHARED.lock();
         let held = match r.get(url) {
             Some(h) if h.fingerprint == fingerprint && h.budget.same_as(budget) => h.clone(),
             _ => {
-                let h = Arc::new(Held::new(limit, budget.clone(), fingerprint));
+                let h = Arc::new(Held::new(limit, budget.clone(), fingerprint, watch));
                 r.insert(url.to_string(), h.clone());
                 h
             }
@@ -139,6 +206,11 @@ impl OpCache {
         let counters = CacheCounters::default();
         counters.limit.store(held.limit, Ordering::Relaxed);
         counters.bytes.store(held.bytes(), Ordering::Relaxed);
+        counters
+            .projected
+            .store(held.projected.load(Ordering::Relaxed), Ordering::Relaxed);
+        let dropped = held.verdict.load(Ordering::Acquire) == DROPPED;
+        counters.dropped.store(dropped as u64, Ordering::Relaxed);
         OpCache {
             after,
             held,
@@ -158,20 +230,31 @@ impl OpCache {
         Some(s)
     }
 
-    /// Whether the sample at `pos` is held (not counted as a hit).
+    /// Whether the sample at `pos` is held for good (not counted as a hit): never while a
+    /// measured size is pending, since a pending cache may still be dropped.
     pub(crate) fn contains(&self, pos: Pos) -> bool {
-        self.held
-            .entries
-            .read()
-            .contains_key(&(pos.shard, pos.record))
+        self.held.verdict.load(Ordering::Acquire) == KEEP
+            && self
+                .held
+                .entries
+                .read()
+                .contains_key(&(pos.shard, pos.record))
     }
 
-    /// Keeps `sample` (what the head made of the sample at `pos`) when it fits in the
-    /// cache's limit and the budget has room now; counts it as stored or not.
-    pub(crate) fn put(&self, pos: Pos, sample: &Sample) {
+    /// Keeps `sample` (what the head made of the sample at `pos`, which had `bytes_in`
+    /// bytes at the source) when it fits in the cache's limit and the budget has room now;
+    /// counts it as stored or not. A cache whose size is measured as it fills measures it
+    /// first ([`Held::measure`]).
+    pub(crate) fn put(&self, pos: Pos, sample: &Sample, bytes_in: u64) {
         let held = &*self.held;
         let bytes = sample.size_bytes() as u64;
+        if held.measure(bytes_in, bytes, &self.counters) == DROPPED {
+            return;
+        }
         let mut hold = held.hold.lock();
+        if held.verdict.load(Ordering::Acquire) == DROPPED {
+            return;
+        }
         let now = hold.as_ref().map_or(0, Reservation::bytes);
         let room = now.saturating_add(bytes) <= held.limit;
         let Some(more) = room.then(|| held.budget.try_reserve(bytes)).flatten() else {

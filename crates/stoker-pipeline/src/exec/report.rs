@@ -58,6 +58,24 @@ impl Run {
                 o.samples
             ));
         }
+        // A cache whose size was measured as it filled: what it found.
+        if let Some((c, projected)) = st
+            .sample_cache
+            .as_ref()
+            .and_then(|c| Some((c, c.projected?)))
+        {
+            let limit = c.limit.map_or("?".into(), crate::ops::size);
+            s.push_str(&format!(
+                "cache of samples, measured as it filled: an epoch's samples there come to {}, \
+                 {}\n",
+                crate::ops::size(projected),
+                if c.dropped {
+                    format!("over its limit of {limit}: dropped, every epoch makes them")
+                } else {
+                    format!("within its limit of {limit}: kept")
+                },
+            ));
+        }
         // The decisions that depend on measured sizes, made again with them.
         let mut measured = facts.clone();
         for o in &st.operators {

@@ -19,7 +19,13 @@
 //! epoch's samples at the cache point, estimated from the bytes the run reads per epoch times
 //! the head's size ratios (measured or declared), within half the memory budget, which
 //! bounds the cache as it fills (a sample that does not fit is not stored, and is made again
-//! each epoch). A run of one epoch caches only for later runs: when it reads through the
+//! each epoch). When an operator of the head declares no size ratio (an audio decoder: how
+//! much PCM an MP3 gives depends on the file), the size is measured instead: the cache fills
+//! while its first [`WATCH_SAMPLES`] samples say how many bytes a source byte becomes, and it
+//! is dropped (its bytes given back, nothing more stored) if the epoch would then not fit;
+//! until that verdict the source still reads every object, so dropping loses nothing. That
+//! is a plan changed by a measurement during the run, with the same samples either way.
+//! A run of one epoch caches only for later runs: when it reads through the
 //! process's shared store (each epoch of a PyTorch loop is such a run) and the operators
 //! before the cache point are spec operators (known by their parameters, so a later run can
 //! tell they are the same); the cost is then compared as for a run without end, and the
@@ -40,7 +46,16 @@ pub(crate) struct CachePlan {
     /// It is kept for later runs of the same pipeline in the process (see
     /// [`Facts::later_runs`]).
     pub(crate) shared: bool,
+    /// The bytes the source reads in an epoch, when the size of the samples at the cache
+    /// point is not known before the run (an operator of the head declares no size ratio):
+    /// the cache then measures the ratio on its first [`WATCH_SAMPLES`] samples and drops
+    /// itself if the epoch would not fit in `limit` (`exec/opcache.rs`).
+    pub(crate) watch: Option<u64>,
 }
+
+/// Samples the cache measures before it decides whether the epoch fits, when the size is
+/// measured as it fills ([`CachePlan::watch`]).
+pub(crate) const WATCH_SAMPLES: u64 = 32;
 
 /// Epochs assumed for a run without an end, in the comparison of costs.
 const ENDLESS: f64 = 1000.0;
@@ -83,7 +98,8 @@ pub(crate) fn place_cache(mut ph: Physical, facts: &Facts, fuse: bool) -> Physic
         ));
         return ph;
     };
-    // The epoch's bytes at the cache point.
+    // The epoch's bytes at the cache point: estimated from the size ratios, or, when an
+    // operator of the head declares none, measured as the cache fills (`watch`).
     let ratio: Option<f64> = ph.producer[..head]
         .iter()
         .map(|(i, op)| {
@@ -94,17 +110,18 @@ pub(crate) fn place_cache(mut ph: Physical, facts: &Facts, fuse: bool) -> Physic
                 .or(op.meta().size_ratio)
         })
         .product();
-    let bytes = match (facts.input_bytes, ratio) {
-        (Some(b), Some(r)) => b as f64 * r,
-        _ => {
+    let (bytes, watch) = match (facts.input_bytes, ratio) {
+        (Some(b), Some(r)) => (Some(b as f64 * r), None),
+        (Some(b), None) => (None, Some(b)),
+        (None, _) => {
             ph.explain.push(format!(
                 "no {at}: the size of the epoch's samples there is not known (the listing \
-                 gives no sizes, or an operator declares no size ratio)"
+                 gives no sizes)"
             ));
             return ph;
         }
     };
-    if bytes > room as f64 {
+    if let Some(bytes) = bytes.filter(|&b| b > room as f64) {
         ph.explain.push(format!(
             "no {at}: the epoch's samples there, {} (estimated), would not fit in half the \
              memory budget, {}",
@@ -162,12 +179,23 @@ pub(crate) fn place_cache(mut ph: Physical, facts: &Facts, fuse: bool) -> Physic
         ));
         return ph;
     }
+    let fits = match bytes {
+        Some(b) => format!(
+            "the epoch's samples there ({} estimated) fit in half the memory budget ({})",
+            crate::ops::size(b as u64),
+            crate::ops::size(room)
+        ),
+        None => format!(
+            "the size of the epoch's samples there is measured as it fills (an operator \
+             declares no size ratio): it is dropped, before any epoch reads from it, if the \
+             first {} samples say the epoch would not fit in half the memory budget ({})",
+            WATCH_SAMPLES,
+            crate::ops::size(room)
+        ),
+    };
     ph.explain.push(format!(
-        "{at}: the epoch's samples there ({} estimated) fit in half the memory budget ({}); \
-         epochs after the first{} start from them: {} a sample instead of {} ({} to fill it \
-         in the first); the same samples come out as from the chain unfused",
-        crate::ops::size(bytes as u64),
-        crate::ops::size(room),
+        "{at}: {fits}; epochs after the first{} start from them: {} a sample instead of {} \
+         ({} to fill it in the first); the same samples come out as from the chain unfused",
         if shared {
             ", in this run and in later runs of the same pipeline through the shared store,"
         } else {
@@ -181,6 +209,7 @@ pub(crate) fn place_cache(mut ph: Physical, facts: &Facts, fuse: bool) -> Physic
         after: head,
         limit: room,
         shared,
+        watch,
     });
     ph
 }
@@ -231,6 +260,7 @@ mod tests {
                 after: 1,
                 limit: 1 << 30,
                 shared: false,
+                watch: None,
             })
         );
         let why = ph.explain.join("\n");
@@ -288,6 +318,45 @@ mod tests {
     }
 
     #[test]
+    fn a_head_without_a_size_ratio_is_cached_and_measured_as_it_fills() {
+        // A decoder whose output size depends on the file (declares no ratio).
+        let ops = vec![
+            op("decode_audio", |m| m.with_cost_ns(3e6)),
+            op("mask", |m| m.random().with_cost_ns(2e5)),
+        ];
+        let ph = place_cache(place(&ops), &facts(Some(2), 100 << 20, 1 << 30), false);
+        assert_eq!(
+            ph.cache,
+            Some(CachePlan {
+                after: 1,
+                limit: 1 << 30,
+                shared: false,
+                watch: Some(100 << 20),
+            })
+        );
+        let why = ph.explain.join("\n");
+        assert!(why.contains("is measured as it fills"), "{why}");
+        assert!(why.contains("first 32 samples"), "{why}");
+        // Without the listing's sizes there is nothing to project from.
+        let mut f = facts(Some(2), 0, 1 << 30);
+        f.input_bytes = None;
+        let ph = place_cache(place(&ops), &f, false);
+        assert_eq!(ph.cache, None);
+        assert!(
+            ph.explain[0].contains("the listing gives no sizes"),
+            "{:?}",
+            ph.explain
+        );
+        // A measured ratio, where a run has one, is an estimate like a declared one.
+        let mut f = facts(Some(2), 100 << 20, 1 << 30);
+        f.measured_ratio.insert(0, 4.0);
+        let ph = place_cache(place(&ops), &f, false);
+        assert_eq!(ph.cache.map(|c| c.watch), Some(None));
+        f.measured_ratio.insert(0, 40.0);
+        assert_eq!(place_cache(place(&ops), &f, false).cache, None);
+    }
+
+    #[test]
     fn a_run_of_one_epoch_caches_for_later_runs_of_spec_operators_only() {
         // One epoch through the shared store: later runs (the next epochs of a PyTorch
         // loop) read the same samples.
@@ -315,6 +384,7 @@ mod tests {
                 after: 1,
                 limit: 1 << 30,
                 shared: true,
+                watch: None,
             })
         );
         let why = ph.explain.join("\n");
