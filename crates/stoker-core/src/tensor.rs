@@ -89,12 +89,19 @@ macro_rules! element {
     ($t:ty, $d:expr) => {
         impl Element for $t {
             const DTYPE: DType = $d;
+            // Inlined (across crates too) and written so that the compiler makes a plain
+            // copy of them on little-endian machines: a call per element cost the audio
+            // operators a sixth of their time.
+            #[inline]
             fn extend_le(v: &[Self], out: &mut Vec<u8>) {
-                out.reserve(std::mem::size_of_val(v));
-                for x in v {
-                    out.extend_from_slice(&x.to_le_bytes());
+                const N: usize = std::mem::size_of::<$t>();
+                let start = out.len();
+                out.resize(start + v.len() * N, 0);
+                for (b, x) in out[start..].chunks_exact_mut(N).zip(v) {
+                    b.copy_from_slice(&x.to_le_bytes());
                 }
             }
+            #[inline]
             fn from_le(b: &[u8]) -> Self {
                 <$t>::from_le_bytes(b.try_into().expect("element size"))
             }

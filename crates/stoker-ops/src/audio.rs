@@ -38,6 +38,7 @@ use stoker_core::{DType, Error, Tensor};
 
 mod augment;
 mod decode;
+mod fastmath;
 mod resample;
 mod spectral;
 

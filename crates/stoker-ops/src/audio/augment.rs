@@ -4,7 +4,7 @@
 use stoker_core::rng::Rng;
 use stoker_core::{DType, Error, Tensor};
 
-use super::f32_tensor;
+use super::{f32_tensor, fastmath};
 
 /// Refuse outputs with more elements than this.
 const MAX_ELEMENTS: u64 = 1 << 28;
@@ -115,20 +115,20 @@ impl TimeStretch {
             for (k, &adv) in advance.iter().enumerate() {
                 let src = &data[(b * f + k) * t * 2..(b * f + k + 1) * t * 2];
                 for (j, z) in src.chunks_exact(2).enumerate() {
-                    angle[j] = z[1].atan2(z[0]);
-                    norm[j] = z[0].hypot(z[1]);
+                    angle[j] = fastmath::atan2(z[1], z[0]);
+                    norm[j] = fastmath::hypot(z[0], z[1]);
                 }
                 // Accumulated in f64 like torch's CPU cumsum, stored as f32.
                 let mut acc = angle[0] as f64;
                 let dst = &mut out[(b * f + k) * t_out * 2..(b * f + k + 1) * t_out * 2];
                 for (o, &(j, alpha)) in dst.chunks_exact_mut(2).zip(&steps) {
                     let mag = alpha * norm[j + 1] + (1.0 - alpha) * norm[j];
-                    let (sin, cos) = (acc as f32).sin_cos();
+                    let (sin, cos) = fastmath::sin_cos(acc as f32);
                     o[0] = mag * cos;
                     o[1] = mag * sin;
                     // The increment that leads to the next output frame.
                     let mut d = angle[j + 1] - angle[j] - adv;
-                    d -= two_pi * (d / two_pi).round_ties_even();
+                    d -= two_pi * fastmath::round_even_f32(d / two_pi);
                     acc += (d + adv) as f64;
                 }
             }
