@@ -98,6 +98,11 @@ impl Held {
         let Some(epoch_in) = self.watch else {
             return KEEP;
         };
+        // Decided already: no lock (checked again under it below).
+        let v = self.verdict.load(Ordering::Acquire);
+        if v != PENDING {
+            return v;
+        }
         let mut seen = self.seen.lock();
         let v = self.verdict.load(Ordering::Acquire);
         if v != PENDING {
