@@ -29,6 +29,7 @@ mod sample;
 mod size;
 pub mod slots;
 mod tensor;
+pub mod trace;
 
 pub use budget::{system_memory_bytes, MemoryBudget, Reservation};
 pub use error::{panic_message, Cause, Error, ErrorKind};

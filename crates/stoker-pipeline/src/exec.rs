@@ -84,6 +84,7 @@ mod report;
 mod restore;
 mod runtime;
 mod tail;
+mod timeline;
 mod tuner;
 mod worker;
 
@@ -177,6 +178,8 @@ struct Shared {
     producer_profile: Vec<Arc<crate::stats::OpProfile>>,
     /// The workers' cache of samples at the optimizer's cache point, when the plan has one.
     op_cache: Option<Arc<opcache::OpCache>>,
+    /// The run's timeline (see [`crate::profile`]).
+    timeline: Mutex<Vec<crate::profile::TimePoint>>,
 }
 
 impl Shared {
@@ -207,6 +210,12 @@ pub struct Run {
     planned: (Pipeline, Facts),
     threads: Vec<JoinHandle<()>>,
     runtime: Option<RunRuntime>,
+    /// The consumer's clock (its wait and its step, see [`crate::profile`]).
+    clock: timeline::ConsumerClock,
+    /// Seconds from the start to the first item.
+    first_item_s: Option<f64>,
+    /// Dropped to stop the timeline's sampler.
+    sampler_stop: Option<crossbeam_channel::Sender<()>>,
 }
 
 impl std::fmt::Debug for Run {
@@ -397,6 +406,7 @@ impl Run {
             stats,
             producer_profile,
             op_cache,
+            timeline: Mutex::new(Vec::new()),
             history: Mutex::new(VecDeque::new()),
             epoch_start: Mutex::new(HashMap::new()),
             shuffle: Mutex::new(ShuffleMirror::new(ph.tail.len())),
@@ -424,6 +434,13 @@ impl Run {
         let (work_tx, work_rx) = bounded::<(u64, Vec<Produced>)>((window / CHUNK).max(2));
         let (done_tx, done_rx) = unbounded::<Done>();
         let (out_tx, out_rx) = bounded::<Vec<OutMsg>>(ph.prefetch);
+        // The queues' capacities, for the profile's occupancy (the source's work queue
+        // holds chunks; the output queue, chunks of items).
+        let last = shared.stats.stages.len() - 1;
+        for (i, cap) in [(0, (window / CHUNK).max(2)), (last, ph.prefetch)] {
+            let c = shared.stats.stage(i);
+            c.queue_cap.store(cap as u64, Ordering::Relaxed);
+        }
         // Work for the parallel stages after the tail's sequential ones, and its results.
         // Unbounded: the tail bounds what it hands out (`TailRun::par_cap`).
         let (par_tx, par_rx) = unbounded::<ParWork>();
@@ -473,6 +490,14 @@ impl Run {
                 })
                 .expect("spawn tail"),
         );
+        let (sampler_stop, sampler_rx) = bounded::<()>(0);
+        let view = timeline::StatsView {
+            shared: shared.clone(),
+            budget: budget.clone(),
+            store: ds.store.clone(),
+            baseline: ds.storage_baseline.clone(),
+        };
+        handles.extend(timeline::spawn(view, sampler_rx));
         Ok(Run {
             out: out_rx,
             ready: VecDeque::new(),
@@ -492,22 +517,15 @@ impl Run {
             planned: (p.clone(), facts),
             threads: handles,
             runtime: Some(runtime),
+            clock: timeline::ConsumerClock::default(),
+            first_item_s: None,
+            sampler_stop: Some(sampler_stop),
         })
     }
 
     /// Statistics now (cheap; safe to call while iterating from another thread's copy).
     pub fn stats(&self) -> Stats {
-        let mut st = self.shared.stats.snapshot(
-            &self.budget,
-            self.store.as_ref(),
-            self.storage_baseline.as_ref(),
-        );
-        st.batch_slots = self.shared.slots.as_ref().map(|s| crate::BatchSlotStats {
-            placed: s.placed(),
-            copied: s.copied(),
-            given_up: s.given_up(),
-        });
-        st
+        self.view().stats()
     }
 
     /// Whether the source reads columns straight into batches (the columnar path; see
@@ -529,6 +547,7 @@ impl Iterator for Run {
         if self.done {
             return None;
         }
+        self.clock.ask(&self.shared);
         let prefetch = self.shared.stats.stages.len() - 1;
         let out_stage = self.shared.stats.stage(prefetch);
         out_stage
@@ -539,8 +558,12 @@ impl Iterator for Run {
                 self.ready.extend(chunk);
             }
         }
+        self.clock.got(&self.shared);
         match self.ready.pop_front().ok_or(()) {
             Ok(OutMsg::Item(item, mark, hold)) => {
+                if self.first_item_s.is_none() {
+                    self.first_item_s = Some(self.shared.stats.started.elapsed().as_secs_f64());
+                }
                 // The consumer owns the item now: its bytes leave the budget.
                 drop(hold);
                 self.yielded += 1;
@@ -585,6 +608,9 @@ impl Run {
     /// must stay responsive while they wait, such as the Python binding, which checks for
     /// Ctrl-C between waits.
     pub fn next_timeout(&mut self, timeout: Duration) -> Option<Option<Result<Item, Error>>> {
+        if !self.done {
+            self.clock.ask(&self.shared);
+        }
         if !self.done && self.ready.is_empty() {
             match self.out.recv_timeout(timeout) {
                 Ok(chunk) => self.ready.extend(chunk),
@@ -601,6 +627,7 @@ impl Drop for Run {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.tail_moved.notify_all();
+        self.sampler_stop.take();
         // Unblock the tail if it waits for room in the output queue.
         let (_, empty) = bounded::<Vec<OutMsg>>(0);
         self.out = empty;

@@ -35,6 +35,7 @@ mod ops;
 mod optimize;
 mod pack;
 mod plan;
+pub mod profile;
 pub mod shared;
 pub use stoker_core::rng;
 mod diskcache;
@@ -54,6 +55,7 @@ pub use pack::{Pack, PackRemainder};
 pub use plan::{
     ErrorPolicy, FormatChoice, Op, Pipeline, RankPolicy, RankSplit, RunOptions, Source, SplitMode,
 };
+pub use profile::{Cause, Profile, Recommendation, Verdict};
 pub use source::{Pos, SourceCursor};
 pub use spec::PipelineSpec;
 pub use state::{ItemPos, PipelineState, StageState};

@@ -27,7 +27,7 @@ impl StageCounters {
 }
 
 /// A stage's numbers at one moment.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StageStats {
     /// The stage (`source(tar)`, `map[decode_utf8(txt)]`, `batch(32)`).
     pub name: String,
@@ -54,6 +54,8 @@ pub struct StageStats {
 /// profile costs the others nothing.
 #[derive(Debug, Default)]
 pub(crate) struct OpProfile {
+    /// The operator's name, for the trace's spans.
+    pub name: String,
     /// Samples timed and weighed (rows, for an operator on batches).
     pub samples: AtomicU64,
     pub busy_ns: AtomicU64,
@@ -65,9 +67,10 @@ pub(crate) struct OpProfile {
 pub(crate) const PROFILE_EVERY: u64 = 8;
 
 impl OpProfile {
-    /// One profiled item of `rows` samples: `ns` in the operator, `bytes_in` in and
-    /// `bytes_out` out.
-    pub(crate) fn note(&self, rows: u64, ns: u64, bytes_in: u64, bytes_out: u64) {
+    /// One profiled item of `rows` samples: `ns` in the operator since `start`, `bytes_in`
+    /// in and `bytes_out` out (a span of the trace too, when it is on).
+    pub(crate) fn note(&self, start: Instant, rows: u64, ns: u64, bytes_in: u64, bytes_out: u64) {
+        stoker_core::trace::span("operator", start, || self.name.clone().into());
         self.samples.fetch_add(rows, Ordering::Relaxed);
         self.busy_ns.fetch_add(ns, Ordering::Relaxed);
         self.bytes_in.fetch_add(bytes_in, Ordering::Relaxed);
@@ -77,7 +80,7 @@ impl OpProfile {
 
 /// An operator's measurements and declarations (`Stats::operators`): what the optimizer
 /// plans with and `Run::explain` shows.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct OperatorStats {
     /// The operator as plans name it (a fused kernel: its operators joined by `+`).
     pub name: String,
@@ -163,7 +166,7 @@ pub struct Skipped {
 }
 
 /// The run's memory budget at one moment, in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MemoryStats {
     /// Held now (samples and batches in flight, read-ahead, cached blocks).
     pub held: u64,
@@ -210,6 +213,10 @@ pub struct Stats {
     /// Each operator's measurements, in the order they run (the workers' first, then the
     /// parallel stages').
     pub operators: Vec<OperatorStats>,
+    /// The consumer: how long it waited for items and how long it spent between them.
+    pub consumer: crate::profile::ConsumerStats,
+    /// Seconds the source waited for room in the memory budget.
+    pub budget_wait_s: f64,
 }
 
 /// The batch stage's slots: samples whose tensor was written in place by their operator,
@@ -242,6 +249,12 @@ pub(crate) struct StatsHub {
     /// Each operator that runs per item (its place in the plan, its declaration, its
     /// profile), in the order they run.
     pub operators: Vec<(usize, stoker_core::OpMeta, Arc<OpProfile>)>,
+    /// Nanoseconds the consumer waited in `next`, and spent between items (see
+    /// [`crate::profile`]).
+    pub consumer_wait_ns: AtomicU64,
+    pub consumer_step_ns: AtomicU64,
+    /// Nanoseconds the source waited for room in the memory budget.
+    pub budget_wait_ns: AtomicU64,
 }
 
 impl StatsHub {
@@ -250,6 +263,8 @@ impl StatsHub {
         cache: Option<Arc<CacheCounters>>,
         operators: Vec<(usize, stoker_core::OpMeta)>,
     ) -> StatsHub {
+        // The trace's clock starts no later than the run (see `Profile::run_start_us`).
+        stoker_core::trace::origin();
         StatsHub {
             started: Instant::now(),
             stages: names
@@ -267,8 +282,17 @@ impl StatsHub {
             sample_cache: None,
             operators: operators
                 .into_iter()
-                .map(|(i, meta)| (i, meta, Arc::new(OpProfile::default())))
+                .map(|(i, meta)| {
+                    let p = OpProfile {
+                        name: meta.name.clone(),
+                        ..OpProfile::default()
+                    };
+                    (i, meta, Arc::new(p))
+                })
                 .collect(),
+            consumer_wait_ns: AtomicU64::new(0),
+            consumer_step_ns: AtomicU64::new(0),
+            budget_wait_ns: AtomicU64::new(0),
         }
     }
 
@@ -362,6 +386,12 @@ impl StatsHub {
                     }
                 })
                 .collect(),
+            consumer: crate::profile::ConsumerStats {
+                wait_s: ld(&self.consumer_wait_ns) as f64 / 1e9,
+                step_s: ld(&self.consumer_step_ns) as f64 / 1e9,
+                items: ld(&self.items),
+            },
+            budget_wait_s: ld(&self.budget_wait_ns) as f64 / 1e9,
         }
     }
 }

@@ -137,6 +137,11 @@ impl Body {
             }
         };
         m.op_latency.record(t0.elapsed());
+        if stoker_core::trace::enabled() {
+            let name = format!("GET {} bytes={}-{}", self.url(), start, self.range.end);
+            let track = "store".into();
+            stoker_core::trace::record("store", name.into(), track, t0, Instant::now());
+        }
         // The response fixes the version (first request) or must match it (resumes).
         let actual = res.meta.e_tag.as_deref().map(crate::store::entity_tag);
         match (&self.etag, actual) {

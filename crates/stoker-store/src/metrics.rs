@@ -184,6 +184,21 @@ pub struct MetricsSnapshot {
 }
 
 impl MetricsSnapshot {
+    /// The latency histogram's non-empty buckets: `(from_ms, to_ms, requests)`, fastest
+    /// first (the profiler's plot).
+    pub fn latency_histogram(&self) -> Vec<(f64, f64, u64)> {
+        self.latency_buckets
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(i, &c)| {
+                let lo = LatencyHistogram::lower_bound(i) as f64 / 1000.0;
+                let hi = LatencyHistogram::lower_bound(i + 1) as f64 / 1000.0;
+                (lo, hi, c)
+            })
+            .collect()
+    }
+
     /// What happened between `earlier` (a snapshot of the same store) and this snapshot:
     /// counters are differences, percentiles are over the requests in between, and the
     /// levels (memory, cache occupancy and sizes) are this snapshot's. The peak is the

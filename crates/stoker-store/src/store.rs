@@ -260,6 +260,11 @@ impl Store {
             .await
             .map_err(|e| Error::from_backend("head", &self.object_url(key), e))?;
         m.op_latency.record(start.elapsed());
+        if stoker_core::trace::enabled() {
+            let name = format!("HEAD {}", self.object_url(key));
+            let track = "store".into();
+            stoker_core::trace::record("store", name.into(), track, start, Instant::now());
+        }
         let info = ObjectInfo {
             key: key.to_string(),
             ..ObjectInfo::from_meta(&meta)

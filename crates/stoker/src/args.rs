@@ -27,6 +27,10 @@ pub enum Command {
     Demo(DemoArgs),
     /// Run a pipeline from a spec file (TOML) and report its throughput per stage.
     Run(RunArgs),
+    /// Run a pipeline from a spec file and profile it: whether it keeps its consumer waiting,
+    /// the bottleneck and its cause, what to change; writes report.html, profile.json and
+    /// trace.json (Chrome trace events) into --out.
+    Profile(ProfileArgs),
     /// Count the records of every shard under a URL and write a shard index (JSON), for the
     /// contiguous rank split of formats that cannot count from metadata.
     Index(IndexArgs),
@@ -183,6 +187,40 @@ pub struct BenchArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ProfileArgs {
+    /// The pipeline spec (TOML; see docs/pipeline.md).
+    pub spec: PathBuf,
+    /// The directory to write report.html, profile.json and trace.json into (made if
+    /// missing).
+    #[arg(long, default_value = "stoker-profile")]
+    pub out: PathBuf,
+    /// Profile at most this long (the run stops earlier when the pipeline ends).
+    #[arg(long, default_value_t = 30.0)]
+    pub seconds: f64,
+    /// Stand in for a training step: wait this long after each item (batch). Without it
+    /// the consumer does nothing between items and the profile measures the pipeline alone.
+    #[arg(long, default_value_t = 0.0)]
+    pub step_ms: f64,
+    /// Stop after this many items.
+    #[arg(long)]
+    pub limit: Option<u64>,
+    /// Override the spec's epochs (0: forever).
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    /// Override the spec's worker threads.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// No trace.json (the spans of the profiled samples and the store's requests).
+    #[arg(long)]
+    pub no_trace: bool,
+    /// Print profile.json on stdout instead of the verdict.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
 pub struct RunArgs {
     /// The pipeline spec (TOML; see docs/pipeline.md).
     pub spec: PathBuf,
@@ -251,6 +289,10 @@ pub struct DemoArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Profile the pipeline's run too, and write its report (report.html, profile.json,
+    /// trace.json) into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub profile: Option<PathBuf>,
     /// Internal: run one loader (`pipeline` or `naive`) against the server named in the
     /// environment and print its report as JSON; the demo runs each loader in a process of
     /// its own so that each one's peak memory is its own.

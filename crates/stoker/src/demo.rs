@@ -70,6 +70,17 @@ struct Dataset {
     jpeg_quality: u8,
 }
 
+/// What `--profile` adds to the pipeline's report.
+#[derive(Debug, Serialize, Deserialize)]
+struct ProfileNote {
+    /// The directory with report.html, profile.json and trace.json.
+    dir: PathBuf,
+    input_bound: bool,
+    bottleneck: String,
+    cause: String,
+    summary: String,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct PipelineReport {
     /// The pipeline, as `stoker run` takes it.
@@ -97,6 +108,9 @@ struct PipelineReport {
     peak_rss_bytes: u64,
     memory_limit_bytes: u64,
     memory_peak_bytes: u64,
+    /// The profiler's verdict and where its report went, with `--profile`.
+    #[serde(default)]
+    profile: Option<ProfileNote>,
     /// The pipeline's stages, as `stoker run --json` reports them.
     stages: Vec<serde_json::Value>,
     cpu_seconds: f64,
@@ -385,12 +399,16 @@ fn run_pipeline(
     threads: usize,
     total: u64,
     quiet: bool,
+    profile: Option<PathBuf>,
 ) -> anyhow::Result<PipelineReport> {
     let spec = pipeline_spec(epochs, threads);
     let parsed: stoker_pipeline::PipelineSpec =
         toml::from_str(&spec).context("the demo's pipeline spec")?;
     let p = parsed.build(opts)?;
     let pb = images_bar(quiet, total, "pipeline");
+    if profile.is_some() {
+        stoker_core::trace::start();
+    }
     let t0 = Instant::now();
     let mut run = p.run()?;
     let per_epoch = run.shards() as u64;
@@ -417,7 +435,25 @@ fn run_pipeline(
     let peak_rss = peak_rss_bytes();
     let st = run.stats();
     let m = st.storage.clone().unwrap_or_default();
+    let profile = match profile {
+        Some(dir) => {
+            let prof = run.profile();
+            let (spans, _) = stoker_core::trace::stop();
+            prof.write(&dir, &spans)
+                .with_context(|| format!("writing the profile into {}", dir.display()))?;
+            let v = prof.verdict;
+            Some(ProfileNote {
+                dir,
+                input_bound: v.input_bound,
+                bottleneck: v.bottleneck,
+                cause: v.cause.as_str().into(),
+                summary: v.summary,
+            })
+        }
+        None => None,
+    };
     Ok(PipelineReport {
+        profile,
         spec,
         epochs,
         images,
@@ -581,6 +617,9 @@ async fn loader_process<T: serde::de::DeserializeOwned + Send + 'static>(
     if a.json {
         cmd.arg("--json");
     }
+    if let (Some(dir), "pipeline") = (&a.profile, name) {
+        cmd.arg("--profile").arg(dir);
+    }
     let out = tokio::task::spawn_blocking(move || cmd.output())
         .await?
         .with_context(|| format!("starting the {name} loader's process"))?;
@@ -605,10 +644,11 @@ async fn loader_main(name: &str, a: &DemoArgs) -> anyhow::Result<()> {
     let threads = a.threads.unwrap_or(1);
     let (epochs, quiet) = (a.epochs, a.json);
     let total = a.images as u64 * epochs;
+    let profile = a.profile.clone();
     let json = match name {
         "pipeline" => {
             let r = tokio::task::spawn_blocking(move || {
-                run_pipeline(opts, epochs, threads, total, quiet)
+                run_pipeline(opts, epochs, threads, total, quiet, profile)
             })
             .await??;
             serde_json::to_string(&r)?
@@ -812,6 +852,10 @@ fn print_report(r: &DemoReport) {
             st["busy_s"].as_f64().unwrap_or(0.0),
             st["wait_s"].as_f64().unwrap_or(0.0)
         );
+    }
+    if let Some(pr) = &p.profile {
+        println!("  profile: {}", pr.summary);
+        println!("    report: {}", pr.dir.join("report.html").display());
     }
     println!();
     println!(

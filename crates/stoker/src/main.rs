@@ -16,6 +16,7 @@ mod bench;
 mod demo;
 mod inspect;
 mod mount;
+mod profile;
 mod run;
 
 use clap::Parser;
@@ -117,6 +118,7 @@ fn main() -> std::process::ExitCode {
                  build with `--features demo`"
             )),
             args::Command::Run(a) => run::run(a).await,
+            args::Command::Profile(a) => profile::profile(a).await,
             args::Command::Index(a) => run::index(a).await,
             args::Command::Mount(a) => mount::mount(a).await,
             args::Command::Unmount(a) => mount::unmount(a).await,

@@ -44,6 +44,68 @@ pub struct RunReport {
     pub operators: Vec<stoker_pipeline::OperatorStats>,
 }
 
+/// Progress on stderr while a pipeline runs, when stderr is a terminal: samples/s, bytes/s,
+/// the memory in use, the epoch, and with a known count (`--limit`) a bar and its ETA.
+pub struct Progress {
+    bar: ProgressBar,
+    last: std::cell::Cell<Instant>,
+}
+
+impl Progress {
+    pub fn new(quiet: bool, items: Option<u64>) -> Progress {
+        let bar = if quiet || !std::io::stderr().is_terminal() {
+            ProgressBar::hidden()
+        } else if let Some(n) = items {
+            let b = ProgressBar::new(n);
+            b.set_style(
+                ProgressStyle::with_template(
+                    "[{elapsed_precise}] {wide_bar} {pos}/{len} items, ETA {eta} {msg}",
+                )
+                .expect("template"),
+            );
+            b
+        } else {
+            let b = ProgressBar::new_spinner();
+            b.set_style(
+                ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
+                    .expect("template"),
+            );
+            b
+        };
+        Progress {
+            bar,
+            last: std::cell::Cell::new(Instant::now()),
+        }
+    }
+
+    /// After each item: redraws at most five times a second.
+    pub fn tick(&self, run: &stoker_pipeline::Run, items: u64, samples: u64, t0: Instant) {
+        if self.bar.is_hidden() || self.last.get().elapsed() < Duration::from_millis(200) {
+            return;
+        }
+        self.last.set(Instant::now());
+        let st = run.stats();
+        let s = t0.elapsed().as_secs_f64().max(1e-9);
+        let read = st
+            .storage
+            .as_ref()
+            .map_or(st.stages[0].bytes, |m| m.bytes_read);
+        self.bar.set_position(items);
+        self.bar.set_message(format!(
+            "{samples} samples, {:.0} samples/s, {:.1} MiB/s read, memory {:.0}/{:.0} MiB, epoch {}",
+            samples as f64 / s,
+            read as f64 / s / (1 << 20) as f64,
+            st.memory.held as f64 / (1 << 20) as f64,
+            st.memory.limit as f64 / (1 << 20) as f64,
+            st.epoch
+        ));
+    }
+
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
 /// This process's peak resident set (VmHWM), in bytes.
 pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -82,22 +144,13 @@ fn run_blocking(
         print!("{}", p.explain());
         return Ok(());
     }
-    let pb = if a.json || !std::io::stderr().is_terminal() {
-        ProgressBar::hidden()
-    } else {
-        let pb = ProgressBar::new_spinner();
-        pb.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}").expect("template"),
-        );
-        pb
-    };
     let t0 = Instant::now();
     let mut run = p.run()?;
+    let pb = Progress::new(a.json, a.limit);
     let mut items = 0u64;
     let mut samples = 0u64;
     let mut waited = Duration::ZERO;
     let step = Duration::from_secs_f64(a.step_ms.max(0.0) / 1000.0);
-    let mut last_draw = Instant::now();
     let mut first_item_s = None;
     loop {
         if a.limit.is_some_and(|l| items >= l) {
@@ -114,18 +167,10 @@ fn run_blocking(
         if !step.is_zero() {
             std::thread::sleep(step);
         }
-        if last_draw.elapsed() > Duration::from_millis(200) {
-            let s = t0.elapsed().as_secs_f64();
-            pb.set_message(format!(
-                "{samples} samples, {:.0} samples/s, epoch {}",
-                samples as f64 / s,
-                run.stats().epoch
-            ));
-            last_draw = Instant::now();
-        }
+        pb.tick(&run, items, samples, t0);
     }
     let seconds = t0.elapsed().as_secs_f64();
-    pb.finish_and_clear();
+    pb.finish();
     let st = run.stats();
     drop(run);
     let report = RunReport {

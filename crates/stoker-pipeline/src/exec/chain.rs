@@ -106,7 +106,7 @@ pub(super) fn sample_through(
         let r = op.apply(el.sample, &mut ctx);
         if let (Some(p), Some((t, bytes_in)), Ok(Some(s))) = (profile, p0, &r) {
             let ns = t.elapsed().as_nanos() as u64;
-            p[k].note(1, ns, bytes_in, s.size_bytes() as u64);
+            p[k].note(t, 1, ns, bytes_in, s.size_bytes() as u64);
         }
         if how.budget.is_some() {
             let (hold, need) = ctx.take_hold();
@@ -162,7 +162,7 @@ pub(super) fn batch_through(
         let r = op.apply_batch(b, &mut cx);
         if let (Some(p), Some((t, bytes_in)), Some(Ok(Some(out)))) = (how.profile, p0, &r) {
             let ns = t.elapsed().as_nanos() as u64;
-            p[k].note(rows as u64, ns, bytes_in, out.size_bytes() as u64);
+            p[k].note(t, rows as u64, ns, bytes_in, out.size_bytes() as u64);
         }
         if let (Some(c), Some(t0)) = (c, t0) {
             c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);

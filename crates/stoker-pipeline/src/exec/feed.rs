@@ -97,11 +97,17 @@ pub(super) fn spawn_source(
                             if !flush(&mut chunk, &mut hist) {
                                 return false;
                             }
+                            let w0 = Instant::now();
                             hold = rt
                                 .block_on(async {
                                     tokio::time::timeout(wait, budget.reserve(n)).await
                                 })
                                 .ok();
+                            shared
+                                .stats
+                                .budget_wait_ns
+                                .fetch_add(w0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                            stoker_core::trace::span("stage", w0, || "waiting for memory".into());
                         }
                         match hold {
                             Some(h) => *slot = Some(h),
@@ -117,6 +123,10 @@ pub(super) fn spawn_source(
                         }
                     }
                     stage.add(&stage.busy_ns, (now - last).as_nanos() as u64);
+                    if stoker_core::trace::enabled() {
+                        let track = stoker_core::trace::this_track();
+                        stoker_core::trace::record("stage", "read".into(), track, last, now);
+                    }
                     match &p {
                         Produced::Elem(e) => {
                             stage.add(&stage.items_out, 1);

@@ -507,6 +507,12 @@ impl TailRun<'_> {
             }
         };
         c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
+        stoker_core::trace::span("stage", t0, || {
+            self.ctx.shared.stats.stages[self.ctx.tail_offset + i]
+                .0
+                .clone()
+                .into()
+        });
         match r {
             Err(e) => return self.error(e),
             // A batch an unbatch stage cuts: its samples go on one by one.

@@ -1,9 +1,11 @@
-//! What the CLI tests share: the `stoker` binary pointed at a test server, and a mount
-//! process ([`mounted`]).
+//! What the CLI tests share: the `stoker` binary pointed at a test server, a mount
+//! process ([`mounted`]), and headless Chromium for the HTML report ([`browser`]).
 
 use assert_cmd::Command;
 
 // Each test binary uses what it needs of it.
+#[allow(dead_code)]
+pub mod browser;
 #[allow(dead_code)]
 pub mod mounted;
 use stoker_testserver::TestServer;
