@@ -47,6 +47,7 @@ __all__ = [
     "from_url",
     "from_urls",
     "io",
+    "profile",
 ]
 
 __version__: str = _native.__version__
@@ -510,11 +511,21 @@ class Pipeline:
         before a run; ``run().explain()`` adds what the run measured)."""
         return self._p.explain()
 
-    def run(self) -> Run:
-        """Starts a run: an iterator of dicts with ``stats()``, ``state_dict()`` and
+    def run(self, *, progress: bool | int = False) -> Run:
+        """Starts a run: an iterator of dicts with ``stats()``, ``state_dict()``,
         ``explain()`` (the plan it runs, then each operator's measured time and bytes a
-        sample against its declaration; ``stats()["operators"]`` has the numbers)."""
-        return self._start(self._p.run)
+        sample against its declaration; ``stats()["operators"]`` has the numbers) and
+        ``profile(out=None)`` (the profiler's verdict, timeline and costs so far; with
+        ``out``, its HTML report, JSON and trace written there; see :func:`profile`).
+
+        ``progress=True`` shows a progress line on standard error while the run is
+        iterated (samples/s, MB/s read, memory in use, epoch), ``progress=N`` also a bar
+        and an ETA for ``N`` items."""
+        total = None if isinstance(progress, bool) else _count("progress", progress, 1)
+        run = self._start(self._p.run)
+        if progress is False:
+            return run
+        return _Progress(run, total)  # type: ignore[return-value]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self._start(self._p.run)
@@ -749,3 +760,132 @@ def _npy_file(table: Any) -> str:
     with os.fdopen(fd, "wb") as f:
         np.save(f, np.ascontiguousarray(a))
     return path
+
+
+class _Progress:
+    """A run that draws a progress line on ``sys.stderr`` as it is iterated (at most twice
+    a second), like tqdm; every other attribute is the run's."""
+
+    def __init__(self, run: Run, total: int | None) -> None:
+        import time
+
+        self._run = run
+        self._total = total
+        self._t0 = time.monotonic()
+        self._last = 0.0
+        self._items = 0
+        self._samples = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._run, name)
+
+    def __iter__(self) -> _Progress:
+        return self
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *args: object) -> bool:
+        return self._run.__exit__(*args)
+
+    def __next__(self) -> dict[str, Any]:
+        import time
+
+        try:
+            item = next(self._run)
+        except StopIteration:
+            self._draw(time.monotonic(), final=True)
+            raise
+        self._items += 1
+        self._samples += _samples_in(item)
+        now = time.monotonic()
+        if now - self._last >= 0.5:
+            self._last = now
+            self._draw(now)
+        return item
+
+    def _draw(self, now: float, final: bool = False) -> None:
+        import sys
+
+        st = self._run.stats() if not self._run.closed else None
+        secs = max(now - self._t0, 1e-9)
+        parts = [f"{self._samples} samples", f"{self._samples / secs:,.0f} samples/s"]
+        if st is not None:
+            read = (st.get("storage") or {}).get("bytes_read", st["stages"][0]["bytes"])
+            mem = st["memory"]
+            parts += [
+                f"{read / secs / 1e6:,.1f} MB/s read",
+                f"memory {mem['held'] / 2**20:,.0f}/{mem['limit'] / 2**20:,.0f} MiB",
+                f"epoch {st['epoch']}",
+            ]
+        line = ", ".join(parts)
+        if self._total:
+            frac = min(self._items / self._total, 1.0)
+            bar = "#" * int(frac * 20)
+            eta = (secs / frac - secs) if frac > 0 else float("nan")
+            line = f"[{bar:<20}] {self._items}/{self._total} items, ETA {eta:,.0f} s, " + line
+        sys.stderr.write("\r" + line + ("\n" if final else ""))
+        sys.stderr.flush()
+
+
+def _samples_in(item: Mapping[str, Any]) -> int:
+    """Samples in an item: 1, or a batch's length (its first column's)."""
+    key = item.get("__key__")
+    if isinstance(key, list):
+        return len(key)
+    for v in item.values():
+        shape = getattr(v, "shape", None)
+        if shape:
+            return int(shape[0])
+        if isinstance(v, list):
+            return len(v)
+        break
+    return 1
+
+
+def profile(
+    pipeline: Pipeline,
+    *,
+    seconds: float = 30.0,
+    step_ms: float = 0.0,
+    limit: int | None = None,
+    out: str | os.PathLike[str] | None = "stoker-profile",
+    trace: bool = True,
+) -> dict[str, Any]:
+    """Runs ``pipeline`` for at most ``seconds`` (or ``limit`` items, or to its end) under
+    the profiler and returns its profile as a dict; with ``out`` (the default
+    ``"stoker-profile"``), also writes ``report.html`` (plots and the verdict, one page
+    that needs no network), ``profile.json`` and, with ``trace``, ``trace.json`` (Chrome
+    trace events: open it in Perfetto or ``chrome://tracing``) into that directory.
+
+    ``step_ms`` stands in for a training step: the consumer sleeps that long after each
+    item (without it, the profile measures the pipeline alone, which is then input-bound
+    by definition). To profile a real training loop, iterate ``run = p.run()`` (or a
+    ``stoker.torch.Dataset``) in it and call ``run.profile(out)`` (``dataset.profile(out)``)
+    afterwards: the run measured how long the loop waited for input and how long it spent
+    in its own step.
+
+    The profile's ``verdict`` says whether the consumer is ``input_bound``, the
+    ``bottleneck`` (an operator or stage as ``explain()`` names it, ``memory budget`` or
+    ``consumer``), its ``cause`` (``cpu``, ``io``, ``memory`` or ``consumer``) and ranked
+    ``recommendations``, each with its expected gain and the spec line or Python that makes
+    it."""
+    import time
+
+    if trace:
+        _native.trace_start()
+    try:
+        run = pipeline.run()
+        with run:
+            t0 = time.monotonic()
+            n = 0
+            for _ in run:
+                n += 1
+                if step_ms > 0:
+                    time.sleep(step_ms / 1000.0)
+                if (limit is not None and n >= limit) or time.monotonic() - t0 >= seconds:
+                    break
+            return run.profile(None if out is None else os.fspath(out))
+    finally:
+        if trace:
+            _native.trace_stop()

@@ -365,7 +365,24 @@ class Dataset(tud.IterableDataset):
                 self._last_state = run.state_dict()
             except (ValueError, RuntimeError):
                 self._last_state = None
+            try:
+                self._last_profile = run.profile()
+            except (ValueError, RuntimeError):
+                self._last_profile = None
             run.close()
+
+    def profile(self, out: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
+        """The profile (``stoker.profile``'s dict) of this process's current run, or of
+        the last one when none is running (``None`` before the first). The run measured
+        how long the training loop waited for input and how long it spent in its own step
+        between batches, so the verdict says whether this loop is input-bound. With
+        ``out``, the current run's report is also written there (``report.html``,
+        ``profile.json``, ``trace.json``). Measures the iteration in this process: with
+        DataLoader worker processes, each worker's run is its own."""
+        run = getattr(self, "_run", None)
+        if run is not None and not run.closed:
+            return run.profile(None if out is None else os.fspath(out))
+        return getattr(self, "_last_profile", None)
 
     # State ----------------------------------------------------------------------------
 

@@ -63,6 +63,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(io::clear_stores, m)?)?;
     m.add_function(wrap_pyfunction!(io::list_objects, m)?)?;
+    m.add_function(wrap_pyfunction!(run::trace_start, m)?)?;
+    m.add_function(wrap_pyfunction!(run::trace_stop, m)?)?;
     m.add("DataError", py.get_type::<error::DataError>())?;
     let keys: Vec<&str> = stoker_store::OPTION_KEYS.iter().map(|(k, _)| *k).collect();
     m.add("STORE_OPTION_KEYS", keys)?;

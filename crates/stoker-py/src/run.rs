@@ -156,6 +156,32 @@ impl PyRun {
         json_loads(py, &text)
     }
 
+    /// The profile of the run so far (the engine's `Run::profile`) as a dict: the verdict
+    /// (input-bound or not, the bottleneck, its cause, ranked recommendations), the
+    /// timeline, each operator's cost, the store's requests, the consumer's wait and step.
+    /// With `out`, also writes `profile.json`, `report.html` and `trace.json` (the spans
+    /// kept since `trace_start()`) into that directory.
+    #[pyo3(signature = (out=None))]
+    fn profile<'py>(
+        &self,
+        py: Python<'py>,
+        out: Option<std::path::PathBuf>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let prof = self.with_run(py, |r| r.profile())?;
+        if let Some(dir) = out {
+            let spans = stoker_core::trace::snapshot();
+            py.detach(|| prof.write(&dir, &spans)).map_err(|e| {
+                pyo3::exceptions::PyOSError::new_err(format!(
+                    "cannot write the profile into {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        }
+        let text = serde_json::to_string(&prof)
+            .map_err(|e| PyRuntimeError::new_err(format!("profile: {e}")))?;
+        json_loads(py, &text)
+    }
+
     /// The plan this run runs, with the optimizer's reasons, then what each operator measured
     /// so far against what it declared (the engine's `Run::explain`).
     fn explain(&self, py: Python<'_>) -> PyResult<String> {
@@ -221,4 +247,17 @@ impl PyRun {
             None => "<stoker Run (closed)>".into(),
         }
     }
+}
+
+/// Starts keeping the trace's spans (the profiled samples' operators, the stages' work, the
+/// store's requests), process-wide; `Run.profile(out)` writes them as `trace.json`.
+#[pyfunction]
+pub(crate) fn trace_start() {
+    stoker_core::trace::start();
+}
+
+/// Stops keeping spans and forgets them; returns how many were kept.
+#[pyfunction]
+pub(crate) fn trace_stop() -> usize {
+    stoker_core::trace::stop().0.len()
 }
