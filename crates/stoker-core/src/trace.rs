@@ -2,9 +2,11 @@
 //! request) kept while tracing is on, for the profiler's Chrome trace.
 //!
 //! Off by default, and then a span costs one relaxed load. On ([`start`]), a span is pushed
-//! into one vector under a lock: the engine records spans only for the samples it profiles
-//! anyway (one in eight) and for the store's requests, so the lock is taken a few thousand
-//! times a second at most; at [`MAX_SPANS`] it stops recording and counts what it dropped.
+//! into one vector under a lock. Per-item work (an operator on one of the samples the
+//! engine profiles anyway, a stage's step, a read) goes through [`span_sampled`], which
+//! keeps every slow item and about one fast one a millisecond per thread, so the lock is
+//! taken a few thousand times a second at most; the store's requests are all kept. At
+//! [`MAX_SPANS`] it stops recording and counts what it dropped.
 //! The trace belongs to the process: two runs traced at once share it.
 
 use std::borrow::Cow;
@@ -13,6 +15,10 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use parking_lot::Mutex;
+
+/// Per-item spans shorter than this are sampled: one per category and thread in each
+/// such interval ([`span_sampled`]).
+pub const GAP: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// The most spans a trace keeps.
 pub const MAX_SPANS: usize = 500_000;
@@ -91,6 +97,48 @@ pub fn span(cat: &'static str, start: Instant, name: impl FnOnce() -> Cow<'stati
     }
 }
 
+/// Like [`span`] (from `start` to `end`), for work done once per item (a stage's step, a
+/// read, an operator on a sample): a span as long as [`GAP`] is always recorded; shorter
+/// ones only when the thread recorded none of the same category and `key` (an operator,
+/// a stage) in the last [`GAP`]. A
+/// trace then costs the same whether the items take microseconds or milliseconds (at most
+/// about one short span per category, thread and millisecond), and every slow item shows.
+#[inline]
+pub fn span_sampled(
+    cat: &'static str,
+    key: usize,
+    (start, end): (Instant, Instant),
+    name: impl FnOnce() -> Cow<'static, str>,
+) {
+    if !enabled() {
+        return;
+    }
+    thread_local! {
+        // The end of the last span recorded on this thread, by category and key.
+        static LAST: std::cell::RefCell<Vec<(&'static str, usize, Instant)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let due = LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        let slot = match last.iter().position(|(c, k, _)| *c == cat && *k == key) {
+            Some(i) => &mut last[i].2,
+            None => {
+                last.push((cat, key, origin()));
+                &mut last.last_mut().expect("pushed").2
+            }
+        };
+        let due = end.saturating_duration_since(start) >= GAP
+            || start.saturating_duration_since(*slot) >= GAP;
+        if due {
+            *slot = end;
+        }
+        due
+    });
+    if due {
+        record(cat, name(), this_track(), start, end);
+    }
+}
+
 /// Records a span from `start` to `end` on `track`, when tracing is on.
 pub fn record(
     cat: &'static str,
@@ -135,7 +183,26 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+        // Sampled: 1,000 items of 5 us every 10 us (10 ms) keep about one a millisecond;
+        // an item as long as GAP is always kept; another key is sampled on its own.
+        std::thread::spawn(|| {
+            let base = Instant::now() + GAP;
+            let us = std::time::Duration::from_micros;
+            for k in 0..1000 {
+                let s = base + us(10 * k);
+                span_sampled("stage", 1, (s, s + us(5)), || "fast".into());
+            }
+            let s = base + us(10_000);
+            span_sampled("stage", 1, (s, s + GAP), || "slow".into());
+            span_sampled("stage", 2, (s, s + us(5)), || "other".into());
+        })
+        .join()
+        .unwrap();
         let (spans, dropped) = stop();
+        let fast = spans.iter().filter(|s| s.name == "fast").count();
+        assert!((9..=11).contains(&fast), "{fast} fast spans kept");
+        assert_eq!(spans.iter().filter(|s| s.name == "slow").count(), 1);
+        assert_eq!(spans.iter().filter(|s| s.name == "other").count(), 1);
         span("operator", t0, || "after".into());
         assert_eq!(dropped, 0);
         let mine: Vec<_> = spans.iter().filter(|s| s.name == "decode").collect();

@@ -70,7 +70,10 @@ impl OpProfile {
     /// One profiled item of `rows` samples: `ns` in the operator since `start`, `bytes_in`
     /// in and `bytes_out` out (a span of the trace too, when it is on).
     pub(crate) fn note(&self, start: Instant, rows: u64, ns: u64, bytes_in: u64, bytes_out: u64) {
-        stoker_core::trace::span("operator", start, || self.name.clone().into());
+        let key = self as *const Self as usize;
+        stoker_core::trace::span_sampled("operator", key, (start, Instant::now()), || {
+            self.name.clone().into()
+        });
         self.samples.fetch_add(rows, Ordering::Relaxed);
         self.busy_ns.fetch_add(ns, Ordering::Relaxed);
         self.bytes_in.fetch_add(bytes_in, Ordering::Relaxed);

@@ -123,10 +123,7 @@ pub(super) fn spawn_source(
                         }
                     }
                     stage.add(&stage.busy_ns, (now - last).as_nanos() as u64);
-                    if stoker_core::trace::enabled() {
-                        let track = stoker_core::trace::this_track();
-                        stoker_core::trace::record("stage", "read".into(), track, last, now);
-                    }
+                    stoker_core::trace::span_sampled("stage", 0, (last, now), || "read".into());
                     match &p {
                         Produced::Elem(e) => {
                             stage.add(&stage.items_out, 1);

@@ -506,8 +506,9 @@ impl TailRun<'_> {
                 None => unreachable!("handled above"),
             }
         };
-        c.add(&c.busy_ns, t0.elapsed().as_nanos() as u64);
-        stoker_core::trace::span("stage", t0, || {
+        let t1 = Instant::now();
+        c.add(&c.busy_ns, (t1 - t0).as_nanos() as u64);
+        stoker_core::trace::span_sampled("stage", i, (t0, t1), || {
             self.ctx.shared.stats.stages[self.ctx.tail_offset + i]
                 .0
                 .clone()

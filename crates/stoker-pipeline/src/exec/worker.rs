@@ -138,8 +138,9 @@ pub(super) fn worker(
             );
             results.push(run_one(p, ops, seed, epoch, ds, stages));
         }
-        let busy = t1.elapsed().as_nanos() as u64;
-        stoker_core::trace::span("stage", t1, || format!("{n} samples").into());
+        let t2 = Instant::now();
+        let busy = (t2 - t1).as_nanos() as u64;
+        stoker_core::trace::span_sampled("stage", 0, (t1, t2), || format!("{n} samples").into());
         if let Some(s) = &stage {
             s.add(&s.busy_ns, busy);
         }
