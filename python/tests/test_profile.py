@@ -51,6 +51,26 @@ def test_profile_names_an_expensive_python_function_and_writes_its_report(tmp_pa
     spans = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "spin_3ms" in e["name"]]
     # The profiled samples: one in eight.
     assert len(spans) == 300 // 8 + 1, len(spans)
+    # Two busy threads but about one CPU: the GIL. The change: worker processes.
+    assert prof["cpu_s"] < 0.7 * 2 * prof["seconds"], prof["cpu_s"]
+    procs = [r for r in v["recommendations"] if "worker processes" in r["change"]]
+    assert procs and 'workers="processes"' in procs[0]["python"], v["recommendations"]
+    assert procs[0]["expected_gain"] > 1.3, procs
+
+
+def sleep_3ms(s):
+    time.sleep(0.003)
+    return s
+
+
+def test_a_python_function_that_waits_is_told_to_take_more_threads():
+    p = stoker.from_samples(samples(300)).map(sleep_3ms, workers="threads").options(threads=2)
+    prof = stoker.profile(p, seconds=30, trace=False, out=None)
+    v = prof["verdict"]
+    assert v["cause"] == "cpu" and "sleep_3ms" in v["bottleneck"], v
+    more = [r for r in v["recommendations"] if "more threads" in r["change"]]
+    assert more and more[0]["python"] == "p = p.options(threads=8)", v["recommendations"]
+    assert not any("worker processes" in r["change"] for r in v["recommendations"]), v
 
 
 def test_a_loop_slower_than_its_input_is_not_input_bound():

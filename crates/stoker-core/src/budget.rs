@@ -65,6 +65,8 @@ type Reclaimer = dyn Fn(u64) -> u64 + Send + Sync;
 #[derive(Clone)]
 pub struct MemoryBudget {
     inner: Arc<Inner>,
+    /// Where this handle's reservations are also counted ([`MemoryBudget::counting`]).
+    account: Option<Arc<AtomicU64>>,
 }
 
 struct Inner {
@@ -104,6 +106,29 @@ impl MemoryBudget {
                 reclaimers: Mutex::new(Vec::new()),
                 next_reclaimer: AtomicUsize::new(0),
             }),
+            account: None,
+        }
+    }
+
+    /// A handle on this budget whose reservations (and theirs alone) are also counted in
+    /// `account`: for telling who holds what (a pipeline's samples against the store's
+    /// read-ahead) without a budget of their own. The limit, the waiting and the
+    /// reclaimers are the budget's, shared with every handle.
+    pub fn counting(&self, account: Arc<AtomicU64>) -> MemoryBudget {
+        MemoryBudget {
+            inner: self.inner.clone(),
+            account: Some(account),
+        }
+    }
+
+    /// Adds `bytes` to this handle's account, if it has one (`sub`: takes them away).
+    fn tally(&self, bytes: u64, sub: bool) {
+        if let Some(a) = &self.account {
+            if sub {
+                a.fetch_sub(bytes, Ordering::Relaxed);
+            } else {
+                a.fetch_add(bytes, Ordering::Relaxed);
+            }
         }
     }
 
@@ -164,6 +189,7 @@ impl MemoryBudget {
             ) {
                 Ok(_) => {
                     self.inner.peak.fetch_max(next, Ordering::Relaxed);
+                    self.tally(bytes, false);
                     return Some(Reservation {
                         budget: self.clone(),
                         bytes,
@@ -321,6 +347,7 @@ impl MemoryBudget {
         if bytes == 0 {
             return;
         }
+        self.tally(bytes, true);
         self.inner.used.fetch_sub(bytes, Ordering::AcqRel);
         self.inner.freed.notify_waiters();
     }
@@ -379,6 +406,7 @@ impl Reservation {
             return;
         }
         let more = bytes - self.bytes;
+        self.budget.tally(more, false);
         let now = self.budget.inner.used.fetch_add(more, Ordering::AcqRel) + more;
         self.budget.inner.peak.fetch_max(now, Ordering::Relaxed);
         self.bytes = bytes;
@@ -387,6 +415,9 @@ impl Reservation {
     /// Merges another reservation on the same budget into this one.
     pub fn merge(&mut self, mut other: Reservation) {
         debug_assert!(Arc::ptr_eq(&self.budget.inner, &other.budget.inner));
+        // The bytes change hands: from the other's account (if any) to this one's.
+        other.budget.tally(other.bytes, true);
+        self.budget.tally(other.bytes, false);
         self.bytes += other.bytes;
         other.bytes = 0;
     }
@@ -429,6 +460,29 @@ mod tests {
         drop(r2);
         assert_eq!(b.used(), 0);
         assert_eq!(b.peak(), 100);
+    }
+
+    #[test]
+    fn a_counting_handle_tells_its_share_of_the_budget() {
+        let b = MemoryBudget::new(100);
+        let mine = Arc::new(AtomicU64::new(0));
+        let h = b.counting(mine.clone());
+        let other = b.try_reserve(30).unwrap();
+        let mut r = h.try_reserve(20).unwrap();
+        assert_eq!((b.used(), mine.load(Ordering::Relaxed)), (50, 20));
+        // The handle shares the limit: 50 are free, not 100.
+        assert!(h.try_reserve(60).is_none());
+        r.resize_to(45);
+        assert_eq!((b.used(), mine.load(Ordering::Relaxed)), (75, 45));
+        r.shrink_to(5);
+        assert_eq!((b.used(), mine.load(Ordering::Relaxed)), (35, 5));
+        // Merged in, the other's bytes become the handle's; dropped, all go.
+        r.merge(other);
+        assert_eq!((b.used(), mine.load(Ordering::Relaxed)), (35, 35));
+        let held = h.count_held(10);
+        assert_eq!(mine.load(Ordering::Relaxed), 45);
+        drop((r, held));
+        assert_eq!((b.used(), mine.load(Ordering::Relaxed)), (0, 0));
     }
 
     #[test]

@@ -29,6 +29,10 @@ pub struct OpMeta {
     /// the optimizer may run it once per batch, after the batch stage, instead of on each
     /// sample before it.
     pub batch_form: bool,
+    /// It runs Python on the engine's threads: each call holds the interpreter's lock (the
+    /// GIL) unless the function lets it go, so more threads may not make it faster. The
+    /// profiler tells which, from the CPU the process used, and suggests processes.
+    pub gil: bool,
 }
 
 impl OpMeta {
@@ -43,6 +47,7 @@ impl OpMeta {
             size_ratio: None,
             commutes_with: Vec::new(),
             batch_form: false,
+            gil: false,
         }
     }
 
@@ -67,6 +72,12 @@ impl OpMeta {
     /// Sets the output-size hint.
     pub fn with_size_ratio(mut self, r: f64) -> OpMeta {
         self.size_ratio = Some(r);
+        self
+    }
+
+    /// Declares that it runs Python on the engine's threads (see [`OpMeta::gil`]).
+    pub fn with_gil(mut self) -> OpMeta {
+        self.gil = true;
         self
     }
 

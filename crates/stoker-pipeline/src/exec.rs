@@ -285,6 +285,12 @@ impl Run {
             });
         }
         let ds = Arc::new(ds);
+        // The caches hold `root`'s bytes; the samples the run has in flight (admitted by the
+        // source, grown by the operators, in queues and batches) are counted apart too, so
+        // that the profile tells them from the store's read-ahead.
+        let root = budget;
+        let in_flight = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let budget = root.counting(in_flight.clone());
         // The bytes an epoch reads (this rank's and part's share of them), when the listing
         // gives every size; the room a cache of samples may take: half the budget, a
         // quarter next to the pipeline's own `cache` (which takes half).
@@ -392,12 +398,13 @@ impl Run {
                         .map(|(_, op)| op as &dyn std::fmt::Debug)
                         .collect();
                     let made_by = opcache::fingerprint(&ds.shards, &p.format, &head);
-                    opcache::OpCache::shared(url, made_by, c.after, c.limit, &budget, c.watch)
+                    opcache::OpCache::shared(url, made_by, c.after, c.limit, &root, c.watch)
                 }
-                _ => opcache::OpCache::new(c.after, c.limit, budget.clone(), c.watch),
+                _ => opcache::OpCache::new(c.after, c.limit, root.clone(), c.watch),
             })
         });
         stats.sample_cache = op_cache.as_ref().map(|c| c.counters.clone());
+        stats.in_flight = in_flight;
         cfg.held_ahead = op_cache
             .clone()
             .map(|c| c as Arc<dyn crate::source::HeldAhead>);

@@ -66,8 +66,11 @@ pub struct MemoryPoint {
     pub block_cache: u64,
     /// The caches of samples (the optimizer's and the `cache` operator's, in memory).
     pub sample_cache: u64,
-    /// The rest: read-ahead, samples in flight, queues and batches being filled.
-    pub in_flight: u64,
+    /// The run's samples in flight: admitted by the source, grown by the operators, in
+    /// queues and in batches being filled, until the consumer takes them.
+    pub samples: u64,
+    /// The rest: the store's read-ahead windows and fetches in flight.
+    pub read_ahead: u64,
 }
 
 /// The store's counters at one moment (since the run started).
@@ -106,6 +109,9 @@ pub struct TimePoint {
     pub consumer_step_s: f64,
     /// Seconds the source waited for room in the memory budget so far.
     pub budget_wait_s: f64,
+    /// CPU seconds the process used since the run started (every thread's).
+    #[serde(default)]
+    pub cpu_s: f64,
 }
 
 /// The consumer's side of a run: how long it waited for input and how long it worked.
@@ -183,6 +189,9 @@ pub struct Profile {
     pub consumer: ConsumerStats,
     /// Seconds the source waited for room in the memory budget.
     pub budget_wait_s: f64,
+    /// CPU seconds the process used over the run (all its threads, the consumer's too).
+    #[serde(default)]
+    pub cpu_s: f64,
     /// The memory budget at the end (held, peak, limit).
     pub memory: crate::stats::MemoryStats,
     /// The store's requests, when the source is a store.
@@ -263,7 +272,8 @@ pub(crate) fn point(st: &Stats, consumer: ConsumerStats, budget_wait_s: f64) -> 
             limit: st.memory.limit,
             block_cache,
             sample_cache,
-            in_flight: held.saturating_sub(block_cache + sample_cache),
+            samples: st.memory.samples,
+            read_ahead: held.saturating_sub(block_cache + sample_cache + st.memory.samples),
         },
         storage: st.storage.as_ref().map(|s| StoragePoint {
             requests: s.get_requests,
@@ -274,5 +284,6 @@ pub(crate) fn point(st: &Stats, consumer: ConsumerStats, budget_wait_s: f64) -> 
         consumer_wait_s: consumer.wait_s,
         consumer_step_s: consumer.step_s,
         budget_wait_s,
+        cpu_s: st.cpu_s,
     }
 }

@@ -103,6 +103,10 @@ pub struct OperatorStats {
     pub hint_ns: Option<f64>,
     /// What the operator declares: output bytes per input byte.
     pub hint_size_ratio: Option<f64>,
+    /// A Python function on the engine's threads (it takes the GIL; see
+    /// `stoker_core::OpMeta::gil`).
+    #[serde(default)]
+    pub gil: bool,
 }
 
 /// Counters of the `cache` operator (see [`SampleCacheStats`]).
@@ -177,6 +181,11 @@ pub struct MemoryStats {
     pub peak: u64,
     /// The limit.
     pub limit: u64,
+    /// Of `held`, what the run's samples hold: admitted by the source, grown by the
+    /// operators, in queues and batches until the consumer takes them (not the caches, not
+    /// the store's read-ahead).
+    #[serde(default)]
+    pub samples: u64,
 }
 
 /// Everything at one moment.
@@ -220,6 +229,9 @@ pub struct Stats {
     pub consumer: crate::profile::ConsumerStats,
     /// Seconds the source waited for room in the memory budget.
     pub budget_wait_s: f64,
+    /// CPU seconds the whole process used (user and system, every thread, the consumer's
+    /// too) since the run started.
+    pub cpu_s: f64,
 }
 
 /// The batch stage's slots: samples whose tensor was written in place by their operator,
@@ -258,6 +270,24 @@ pub(crate) struct StatsHub {
     pub consumer_step_ns: AtomicU64,
     /// Nanoseconds the source waited for room in the memory budget.
     pub budget_wait_ns: AtomicU64,
+    /// The budget's bytes held by the run's samples in flight (not its caches').
+    pub in_flight: Arc<AtomicU64>,
+    /// The process's CPU seconds when the run started ([`process_cpu_s`]).
+    pub cpu_start: f64,
+}
+
+/// CPU seconds this process has used (user and system, all threads), from
+/// `/proc/self/stat` (in the kernel's 100 Hz ticks); 0 where it cannot be read.
+pub(crate) fn process_cpu_s() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // The fields after the command name (which is in parentheses and may hold spaces):
+    // utime and stime are the 14th and 15th of the line, the 12th and 13th after it.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (ticks(11) + ticks(12)) as f64 / 100.0
 }
 
 impl StatsHub {
@@ -296,6 +326,8 @@ impl StatsHub {
             consumer_wait_ns: AtomicU64::new(0),
             consumer_step_ns: AtomicU64::new(0),
             budget_wait_ns: AtomicU64::new(0),
+            in_flight: Arc::default(),
+            cpu_start: process_cpu_s(),
         }
     }
 
@@ -361,6 +393,7 @@ impl StatsHub {
                 held: budget.used(),
                 peak: budget.peak(),
                 limit: budget.limit(),
+                samples: ld(&self.in_flight),
             },
             storage: store.map(|s| match baseline {
                 Some(b) => s.metrics().since(b),
@@ -386,6 +419,7 @@ impl StatsHub {
                         size_ratio: (n > 0 && bin > 0).then(|| bout as f64 / bin as f64),
                         hint_ns: meta.cost_ns,
                         hint_size_ratio: meta.size_ratio,
+                        gil: meta.gil,
                     }
                 })
                 .collect(),
@@ -395,6 +429,7 @@ impl StatsHub {
                 items: ld(&self.items),
             },
             budget_wait_s: ld(&self.budget_wait_ns) as f64 / 1e9,
+            cpu_s: (process_cpu_s() - self.cpu_start).max(0.0),
         }
     }
 }

@@ -124,6 +124,12 @@ fn a_slow_store_with_little_concurrency_is_named_io() {
     assert!(st.latency_p50_ms >= 20.0, "{st:?}");
     assert_eq!(st.max_concurrency, 1);
     assert!(!st.latency.is_empty());
+    // What holds the budget is the store's fetch in flight, not the samples.
+    assert!(
+        prof.timeline.iter().any(|t| t.memory.read_ahead > 0),
+        "{:?}",
+        prof.timeline.iter().map(|t| t.memory).collect::<Vec<_>>()
+    );
     // The first change: more requests at once, as a spec line.
     let first = &v.recommendations[0];
     assert_eq!(
@@ -162,6 +168,13 @@ fn a_memory_budget_too_small_is_named_memory() {
         prof.budget_wait_s
     );
     assert!(prof.budget_wait_s > 0.2 * prof.seconds, "{v:#?}");
+    // What held the budget: the samples (no store, so no read-ahead, and no cache).
+    let m: Vec<_> = prof.timeline.iter().map(|t| t.memory).collect();
+    assert!(m.iter().any(|m| m.samples >= 256 << 10), "{m:?}");
+    assert!(
+        m.iter().all(|m| m.block_cache + m.sample_cache == 0),
+        "{m:?}"
+    );
     assert_eq!(v.bottleneck, "memory budget");
     assert!(v.recommendations.iter().any(|r| r
         .spec

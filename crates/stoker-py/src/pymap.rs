@@ -362,6 +362,11 @@ impl PyOp {
             true => OpMeta::new(name).with_batch_form(),
             false => OpMeta::new(name).filter(),
         };
+        // Pinned to threads, its calls take the GIL (`auto` measures that itself).
+        let meta = match mode {
+            Mode::Threads => meta.with_gil(),
+            _ => meta,
+        };
         PyOp {
             meta,
             qualname,

@@ -179,6 +179,7 @@ impl Run {
             timeline,
             consumer: st.consumer,
             budget_wait_s: st.budget_wait_s,
+            cpu_s: st.cpu_s,
             memory: st.memory,
             storage,
             autotune: st.autotune.clone(),

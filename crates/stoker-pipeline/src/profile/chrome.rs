@@ -82,7 +82,8 @@ pub(super) fn render(p: &Profile, spans: &[Span]) -> String {
             "name": "memory (MiB)", "ph": "C", "pid": PID, "ts": ts,
             "args": {"block cache": b.memory.block_cache as f64 / 1048576.0,
                      "sample cache": b.memory.sample_cache as f64 / 1048576.0,
-                     "in flight": b.memory.in_flight as f64 / 1048576.0}
+                     "samples": b.memory.samples as f64 / 1048576.0,
+                     "read-ahead": b.memory.read_ahead as f64 / 1048576.0}
         }));
     }
     json!({

@@ -152,6 +152,12 @@ pub(super) fn render(p: &Profile) -> String {
         Shape::Dashed,
         levels(&tl, |t| Some(t.threads as f64)),
     ));
+    series.push(Series::new(
+        "CPU used by the process (cores)".into(),
+        "#9c755f",
+        Shape::Line,
+        steps(&tl, |a, b| Some((b.cpu_s - a.cpu_s).max(0.0))),
+    ));
     let chart = Chart {
         label: "busy threads",
         unit: Unit::Plain(""),
@@ -164,7 +170,9 @@ pub(super) fn render(p: &Profile) -> String {
         "threads",
         "Busy threads",
         "Seconds each stage's threads worked per second (2.0: two threads busy all the time); \
-         dashed: the worker threads the run had.",
+         dashed: the worker threads the run had; brown: the CPU the whole process used, in \
+         cores (below the busy threads: they wait on a lock, such as Python's GIL, or on I/O \
+         inside an operator).",
         chart.svg(),
     );
 
@@ -354,7 +362,8 @@ fn timeline(p: &Profile) -> Vec<TimePoint> {
             MemoryPoint {
                 held: p.memory.held,
                 limit: p.memory.limit,
-                in_flight: p.memory.held,
+                samples: p.memory.samples,
+                read_ahead: p.memory.held.saturating_sub(p.memory.samples),
                 ..MemoryPoint::default()
             },
             |l| l.memory,
@@ -376,6 +385,7 @@ fn timeline(p: &Profile) -> Vec<TimePoint> {
             consumer_wait_s: p.consumer.wait_s,
             consumer_step_s: p.consumer.step_s,
             budget_wait_s: p.budget_wait_s,
+            cpu_s: p.cpu_s,
         };
         pts.push(end_point);
     }
@@ -405,6 +415,7 @@ fn timeline(p: &Profile) -> Vec<TimePoint> {
             consumer_wait_s: 0.0,
             consumer_step_s: 0.0,
             budget_wait_s: 0.0,
+            cpu_s: 0.0,
         };
         pts.insert(0, zero);
     }
@@ -961,7 +972,7 @@ fn memory(h: &mut String, tl: &[TimePoint], x_max: f64) {
         .iter()
         .map(|t| {
             let m = t.memory;
-            (m.block_cache + m.sample_cache + m.in_flight).max(m.held) as f64
+            (m.block_cache + m.sample_cache + m.samples + m.read_ahead).max(m.held) as f64
         })
         .fold(0.0, f64::max);
     let limit = tl.iter().map(|t| t.memory.limit).max().unwrap_or(0) as f64;
@@ -973,11 +984,18 @@ fn memory(h: &mut String, tl: &[TimePoint], x_max: f64) {
     let level = |f: fn(&MemoryPoint) -> u64| levels(tl, move |t| Some(f(&t.memory) as f64 / scale));
     let block = level(|m| m.block_cache);
     let sample = stack(&block, &level(|m| m.sample_cache));
-    let flight = stack(&sample, &level(|m| m.in_flight));
+    let flight = stack(&sample, &level(|m| m.samples));
+    let ahead = stack(&flight, &level(|m| m.read_ahead));
     let mut series = vec![
         Series::new("block cache".into(), "#4e79a7", Shape::Area, block),
         Series::new("sample cache".into(), "#59a14f", Shape::Area, sample),
-        Series::new("in flight".into(), "#f28e2b", Shape::Area, flight),
+        Series::new(
+            "samples, queues, batches".into(),
+            "#f28e2b",
+            Shape::Area,
+            flight,
+        ),
+        Series::new("read-ahead".into(), "#b07aa1", Shape::Area, ahead),
     ];
     let limit_name = if show_limit {
         "limit".into()
@@ -1024,8 +1042,8 @@ fn memory(h: &mut String, tl: &[TimePoint], x_max: f64) {
         "memory",
         "Memory budget",
         "What the memory budget held, by what holds it (stacked): the store's block cache, \
-         the caches of samples, and the rest in flight (read-ahead, samples, queues, batches \
-         being filled); dashed: the budget's limit.",
+         the caches of samples, the run's samples in flight (admitted, in queues, in batches \
+         being filled) and the store's read-ahead and fetches; dashed: the budget's limit.",
         svg,
     );
 }
@@ -1547,7 +1565,8 @@ mod tests {
                 limit: 20_000,
                 block_cache: 1000 * i,
                 sample_cache: 500 * i,
-                in_flight: 1500 * i,
+                samples: 1000 * i,
+                read_ahead: 500 * i,
             },
             storage: Some(StoragePoint {
                 requests: 7 * i,
@@ -1558,6 +1577,7 @@ mod tests {
             consumer_wait_s: 0.03 * i as f64,
             consumer_step_s: 0.06 * i as f64,
             budget_wait_s: 0.0,
+            cpu_s: 0.15 * i as f64,
         }
     }
 
@@ -1572,6 +1592,7 @@ mod tests {
             size_ratio: Some(2.0),
             hint_ns: None,
             hint_size_ratio: Some(1.5),
+            gil: false,
         }
     }
 
@@ -1635,10 +1656,12 @@ mod tests {
                 items: 50,
             },
             budget_wait_s: 0.0,
+            cpu_s: 1.5,
             memory: MemoryStats {
                 held: 0,
                 peak: 15_000,
                 limit: 20_000,
+                samples: 0,
             },
             storage: Some(StorageSummary {
                 get_requests: 35,
@@ -1851,6 +1874,7 @@ mod tests {
                 consumer_wait_s: 0.0,
                 consumer_step_s: 0.0,
                 budget_wait_s: 0.0,
+                cpu_s: 0.0,
             };
         }
         p.seconds = 0.6;
@@ -1861,6 +1885,7 @@ mod tests {
             held: 0,
             peak: 0,
             limit: 0,
+            samples: 0,
         };
         p.operators
             .iter_mut()

@@ -442,6 +442,60 @@ fn recommend(
                     python: Some("p = p.options(window=4096)".into()),
                 });
             }
+            // A Python function on threads: its calls take the GIL, so busy threads may be
+            // waiting for it. The CPU the process used tells: about one core for busy
+            // threads that hold the GIL in turn, next to none for calls that wait
+            // (sleeps, I/O) with it released.
+            if let Some(py) = p
+                .operators
+                .iter()
+                .filter(|o| o.gil && o.ns_per_sample.is_some())
+                .max_by(|a, b| {
+                    a.ns_per_sample
+                        .unwrap_or(0.0)
+                        .total_cmp(&b.ns_per_sample.unwrap_or(0.0))
+                })
+            {
+                let busy = l.workers * threads as f64;
+                let cores = p.cpu_s / p.seconds.max(1e-9);
+                if l.workers >= SATURATED && busy >= 1.5 && cores < 0.7 * busy {
+                    let name = &py.name;
+                    if cores >= 0.6 {
+                        let procs = threads.min(cpus).max(2);
+                        recs.push(Recommendation {
+                            change: format!(
+                                "Run {name} in worker processes: on threads its calls take \
+                                 turns holding the GIL"
+                            ),
+                            why: format!(
+                                "the {threads} worker threads were busy {busy:.1} threads' \
+                                 worth but the process used {cores:.1} CPUs"
+                            ),
+                            expected_gain: cap(procs as f64 / cores.max(0.5)),
+                            spec: None,
+                            python: Some(format!(
+                                "p = <the pipeline before it>.map(fn, workers=\"processes\", \
+                                 processes={procs})  # fn: {name}; or workers=\"auto\""
+                            )),
+                        });
+                    } else {
+                        let more = threads * 4;
+                        recs.push(Recommendation {
+                            change: format!(
+                                "Give {name} more threads ({more}): its calls wait (sleeps, \
+                                 I/O) with the CPU idle"
+                            ),
+                            why: format!(
+                                "the {threads} worker threads were busy {busy:.1} threads' \
+                                 worth but the process used {cores:.1} CPUs"
+                            ),
+                            expected_gain: cap(more as f64 / threads as f64 * 0.8),
+                            spec: Some(format!("[options] threads = {more}")),
+                            python: Some(format!("p = p.options(threads={more})")),
+                        });
+                    }
+                }
+            }
             // The most expensive deterministic operator's work can be kept across epochs.
             let det: Vec<_> = p
                 .operators
