@@ -39,6 +39,7 @@ use stoker_core::{DType, Error, Tensor};
 mod augment;
 mod decode;
 mod fastmath;
+mod headers;
 mod resample;
 mod spectral;
 

@@ -267,3 +267,146 @@ fn a_wav_header_with_a_zero_sample_rate_is_an_error_not_a_panic() {
     let e = audio_info(&wav).unwrap_err();
     assert!(e.to_string().contains("0 channels"), "{e}");
 }
+
+/// The page checksum of an Ogg page (CRC-32, polynomial 0x04C11DB7, not reflected, over the
+/// page with its checksum field zeroed), so that a corrupted page is still a valid page.
+fn ogg_crc(page: &[u8]) -> u32 {
+    let mut crc = 0u32;
+    for (i, &b) in page.iter().enumerate() {
+        let b = if (22..26).contains(&i) { 0 } else { b };
+        crc ^= u32::from(b) << 24;
+        for _ in 0..8 {
+            crc = if crc & 0x8000_0000 != 0 {
+                (crc << 1) ^ 0x04c1_1db7
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+fn refused(bytes: &[u8], needle: &str) {
+    for r in [
+        decode_audio(bytes, &DecodeAudio::default()).map(|_| ()),
+        audio_info(bytes).map(|_| ()),
+    ] {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Operator, "{e}");
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+}
+
+/// Found by fuzz/audio: symphonia allocates a comment's (or picture's, or ID3v2.3 frame's)
+/// length before reading it, so a corrupt 32-bit length asked for 2.3 GB from an 800-byte
+/// file. Each such length is checked against what holds it first, in every container that
+/// has one, and the file is refused naming the structure and the byte.
+#[test]
+fn a_length_past_the_end_of_its_block_is_refused_before_anything_is_allocated() {
+    // FLAC: the comment block of a file flac wrote (block at byte 42: vendor string, no
+    // comments), given one comment whose length says 2.3 GB.
+    let flac = file("flac16_stereo_44k1.flac");
+    assert_eq!(
+        flac[42] & 0x7f,
+        4,
+        "the fixture's second block is its comments"
+    );
+    let len = u32::from_be_bytes([0, flac[43], flac[44], flac[45]]) as usize;
+    let mut block = flac[46..46 + len - 4].to_vec();
+    block.extend_from_slice(&1u32.to_le_bytes());
+    let first = 46 + block.len();
+    block.extend_from_slice(&0x8800_0000u32.to_le_bytes());
+    block.extend_from_slice(b"TITLE=x");
+    let mut bad = flac[..42].to_vec();
+    bad.push(flac[42]);
+    bad.extend_from_slice(&(block.len() as u32).to_be_bytes()[1..]);
+    bad.extend_from_slice(&block);
+    bad.extend_from_slice(&flac[46 + len..]);
+    refused(
+        &bad,
+        &format!(
+            "FLAC comment block at byte 42 gives a length of 2281701376 bytes at byte {first}"
+        ),
+    );
+    // With an honest length, the same comment decodes.
+    let mut honest = bad.clone();
+    honest[first..first + 4].copy_from_slice(&7u32.to_le_bytes());
+    decode_audio(&honest, &DecodeAudio::default()).unwrap();
+
+    // FLAC: a picture block (inserted after STREAMINFO) whose data length is 4 GB.
+    let mut pic = Vec::new();
+    pic.extend_from_slice(&3u32.to_be_bytes());
+    pic.extend_from_slice(&10u32.to_be_bytes());
+    pic.extend_from_slice(b"image/jpeg");
+    pic.extend_from_slice(&0u32.to_be_bytes());
+    pic.extend_from_slice(&[0; 16]);
+    pic.extend_from_slice(&u32::MAX.to_be_bytes());
+    pic.extend_from_slice(&[0xff, 0xd8, 0xff]);
+    let mut bad = flac[..42].to_vec();
+    bad.push(6);
+    bad.extend_from_slice(&(pic.len() as u32).to_be_bytes()[1..]);
+    bad.extend_from_slice(&pic);
+    bad.extend_from_slice(&flac[42..]);
+    refused(
+        &bad,
+        "FLAC picture block at byte 42 gives a length of 4294967295",
+    );
+
+    // Ogg Vorbis: the comment packet starts the second page; its first comment's length.
+    let ogg = file("vorbis_stereo_44k1.ogg");
+    let page = ogg.windows(4).skip(4).position(|w| w == b"OggS").unwrap() + 4;
+    let data = page + 27 + ogg[page + 26] as usize;
+    assert_eq!(&ogg[data..data + 7], b"\x03vorbis");
+    let vendor = u32::from_le_bytes(ogg[data + 7..data + 11].try_into().unwrap()) as usize;
+    let first = data + 7 + 4 + vendor + 4;
+    let page_len = ogg[page + 27..data]
+        .iter()
+        .map(|&l| l as usize)
+        .sum::<usize>()
+        + data
+        - page;
+    let mut bad = ogg.clone();
+    bad[first..first + 4].copy_from_slice(&0x7000_0000u32.to_le_bytes());
+    let crc = ogg_crc(&bad[page..page + page_len]);
+    bad[page + 22..page + 26].copy_from_slice(&crc.to_le_bytes());
+    refused(
+        &bad,
+        &format!("Ogg Vorbis comment packet (from byte {data}) gives a length of 1879048192"),
+    );
+
+    // ID3v2.3 in front of an MP3: a title frame whose size says 4 GB. The same tag with an
+    // honest size decodes to the same audio as the bare file.
+    let mp3 = file("lame_stereo_22k05.mp3");
+    let tag = |size: u32| {
+        let mut t = b"ID3\x03\0\0".to_vec();
+        let body = 10 + 6 + 8;
+        t.extend_from_slice(&[0, 0, 0, body]);
+        t.extend_from_slice(b"TIT2");
+        t.extend_from_slice(&size.to_be_bytes());
+        t.extend_from_slice(&[0, 0, 0]);
+        t.extend_from_slice(b"title");
+        t.extend_from_slice(&[0; 8]);
+        t.extend_from_slice(&mp3);
+        t
+    };
+    refused(
+        &tag(0xffff_fff0),
+        "ID3v2.3 frame TIT2 (tag at byte 0) gives a length of 4294967280 bytes at byte 14",
+    );
+    let plain = decode_audio(&mp3, &DecodeAudio::default()).unwrap();
+    let tagged = decode_audio(&tag(6), &DecodeAudio::default()).unwrap();
+    assert_eq!(
+        plain.samples.to_vec::<f32>().unwrap(),
+        tagged.samples.to_vec::<f32>().unwrap()
+    );
+
+    // The files as written still decode: the checks refuse only lengths past their end.
+    for name in [
+        "flac16_stereo_44k1.flac",
+        "flac24_stereo_48k.flac",
+        "vorbis_stereo_44k1.ogg",
+        "mp3_mono_44k1.mp3",
+    ] {
+        decode_audio(&file(name), &DecodeAudio::default()).unwrap();
+    }
+}

@@ -26,11 +26,12 @@ use symphonia::core::codecs::{
 };
 use symphonia::core::errors::Error as SymError;
 use symphonia::core::formats::{FormatOptions, FormatReader, SeekMode, SeekTo};
-use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions};
+use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions, ReadBytes};
 use symphonia::core::meta::MetadataOptions;
-use symphonia::core::probe::Hint;
+use symphonia::core::probe::Instantiate;
 use symphonia::core::units::{Time, TimeBase};
 
+use super::headers::{check_container, check_metadata, check_riff};
 use super::{f32_tensor, Audio};
 
 /// Default [`DecodeAudio::max_samples`]: 2^27 samples (512 MiB of f32; 23 minutes of
@@ -106,7 +107,8 @@ impl DecodeAudio {
         self.allow_truncated = yes;
         self
     }
-    /// A file-extension hint.
+    /// A file-extension hint. Kept for specs that give one; the decoder finds the format
+    /// by its markers (symphonia 0.5's probe does not read hints), so it changes nothing.
     pub fn hint(mut self, ext: Option<&str>) -> Self {
         self.hint = ext.map(str::to_owned);
         self
@@ -158,7 +160,7 @@ pub fn audio_info(bytes: &[u8]) -> Result<AudioInfo, Error> {
 }
 
 fn info(bytes: &[u8]) -> Result<AudioInfo, Error> {
-    let (reader, track) = open(bytes, None)?;
+    let (reader, track) = open(bytes)?;
     drop(reader);
     let p = &track.params;
     Ok(AudioInfo {
@@ -171,7 +173,7 @@ fn info(bytes: &[u8]) -> Result<AudioInfo, Error> {
     })
 }
 
-const OP: &str = "decode_audio";
+pub(super) const OP: &str = "decode_audio";
 
 /// Frames decoded before the requested offset when a lossy stream seeks (two 2048-sample
 /// Vorbis blocks; more than three MP3 frames).
@@ -200,79 +202,44 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
     })
 }
 
-/// For a RIFF/WAVE stream, checks what symphonia's WAV reader trusts in the `fmt ` chunk:
-/// a sample rate of 0 (it divides by it) and 0 channels are refused here, naming the
-/// field. Other streams, and WAV files without a `fmt ` chunk before `data`, pass (the
-/// reader refuses those itself).
-fn check_riff(bytes: &[u8]) -> Result<(), Error> {
-    if bytes.len() < 12 || &bytes[..4] != b"RIFF" || &bytes[8..12] != b"WAVE" {
-        return Ok(());
-    }
-    let le32 = |at: usize| {
-        bytes
-            .get(at..at + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let mut at = 12usize;
-    while let (Some(id), Some(len)) = (bytes.get(at..at + 4), le32(at + 4)) {
-        let body = at + 8;
-        match id {
-            b"fmt " => {
-                let channels = bytes
-                    .get(body + 2..body + 4)
-                    .map(|b| u16::from_le_bytes([b[0], b[1]]));
-                if channels == Some(0) {
-                    return Err(Error::operator(format!(
-                        "{OP}: the WAV header (fmt chunk at byte {at}) says 0 channels"
-                    )));
-                }
-                if le32(body + 4) == Some(0) {
-                    return Err(Error::operator(format!(
-                        "{OP}: the WAV header (fmt chunk at byte {at}) says a sample rate of 0"
-                    )));
-                }
-                return Ok(());
-            }
-            b"data" => return Ok(()),
-            _ => {}
-        }
-        // Chunks are padded to an even length.
-        let next = (len as usize).saturating_add(len as usize & 1);
-        at = match body.checked_add(next) {
-            Some(n) => n,
-            None => return Ok(()),
-        };
-    }
-    Ok(())
-}
-
-fn open(bytes: &[u8], hint: Option<&str>) -> Result<(Box<dyn FormatReader>, TrackInfo), Error> {
+fn open(bytes: &[u8]) -> Result<(Box<dyn FormatReader>, TrackInfo), Error> {
     if bytes.is_empty() {
         return Err(Error::operator(format!("{OP}: empty input")));
     }
     check_riff(bytes)?;
-    let mss = MediaSourceStream::new(
+    let mut mss = MediaSourceStream::new(
         Box::new(Cursor::new(bytes.to_vec())),
         MediaSourceStreamOptions::default(),
     );
-    let mut h = Hint::new();
-    if let Some(ext) = hint {
-        h.with_extension(ext);
-    }
     let fmt_opts = FormatOptions {
         enable_gapless: true,
         ..FormatOptions::default()
     };
-    let probed = symphonia::default::get_probe()
-        .format(&h, mss, &fmt_opts, &MetadataOptions::default())
-        .map_err(|e| match e {
-            SymError::Unsupported(_) => {
-                Error::operator(format!("{OP}: not a WAV, FLAC, MP3 or Ogg Vorbis stream"))
+    let probe_err = |e| match e {
+        SymError::Unsupported(_) => {
+            Error::operator(format!("{OP}: not a WAV, FLAC, MP3 or Ogg Vorbis stream"))
+        }
+        SymError::IoError(_) => Error::operator(format!("{OP}: truncated header")),
+        e => sym_err(e),
+    };
+    // What symphonia's `Probe::format` does (find a marker, read any metadata before the
+    // container, make the container's reader), with the header checks of `headers.rs` run on
+    // each structure at the offset where the probe found it.
+    let probe = symphonia::default::get_probe();
+    let reader = loop {
+        match probe.next(&mut mss).map_err(probe_err)? {
+            Instantiate::Format(make) => {
+                check_container(bytes, mss.pos() as usize)?;
+                break make(mss, &fmt_opts).map_err(probe_err)?;
             }
-            SymError::IoError(_) => Error::operator(format!("{OP}: truncated header")),
-            e => sym_err(e),
-        })?;
-    let reader = probed.format;
+            Instantiate::Metadata(make) => {
+                check_metadata(bytes, mss.pos() as usize)?;
+                make(&MetadataOptions::default())
+                    .read_all(&mut mss)
+                    .map_err(probe_err)?;
+            }
+        }
+    };
     let track = reader
         .tracks()
         .iter()
@@ -316,7 +283,7 @@ fn decode(bytes: &[u8], o: &DecodeAudio) -> Result<(Audio, DecodeReport), Error>
             return Err(Error::invalid(format!("{OP}: duration {d} s must be >= 0")));
         }
     }
-    let (mut reader, track) = open(bytes, o.hint.as_deref())?;
+    let (mut reader, track) = open(bytes)?;
     let rate = track.sample_rate;
     let start = (o.offset_s * rate as f64).round() as u64;
     let want: Option<u64> = o
@@ -387,7 +354,7 @@ fn decode(bytes: &[u8], o: &DecodeAudio) -> Result<(Audio, DecodeReport), Error>
                         let audio = Audio::new(f32_tensor(vec![c, 0], &[])?, rate)?;
                         return Ok((audio, DecodeReport::default()));
                     }
-                    _ => reader = open(bytes, o.hint.as_deref())?.0,
+                    _ => reader = open(bytes)?.0,
                 }
             }
             Err(e) => return Err(sym_err(e)),
