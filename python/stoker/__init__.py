@@ -443,6 +443,57 @@ class Pipeline:
         k = _count("first_epoch", k)
         return self._then(self._p.first_epoch(k), "first_epoch", k)
 
+    def span(self, start: int, end: int) -> Pipeline:
+        """Reads only entries ``start`` to ``end - 1`` of each epoch's order: samples, for
+        formats of one sample per object (files, ImageFolder, ``from_samples``), or whole
+        shards, for formats of many records. The order is the whole pipeline's (shuffled by
+        :meth:`shuffle_shards`, this rank's share after :meth:`shard` of objects), and every
+        sample keeps its random draws, so spans ``0:a``, ``a:b``, ``b:n`` read one after the
+        other give what the whole epoch gives (a shuffle buffer or a batch is filled within
+        a span: cut at multiples of the batch size to get the same batches). That is the
+        piece a distributed run hands a worker; :meth:`epoch_len` gives ``n``."""
+        start, end = _count("span start", start), _count("span end", end)
+        return self._then(self._p.span(start, end), "span", start, end)
+
+    def distribute(
+        self,
+        workers: int | str = 2,
+        *,
+        min_workers: int = 1,
+        max_workers: int | None = None,
+        address: str | None = None,
+        piece: int | None = None,
+        ordered: bool = True,
+        cpus_per_worker: float = 1.0,
+    ) -> Any:
+        """This pipeline run by ``workers`` Ray worker actors (a
+        :class:`stoker.distributed.DistributedPipeline`: iterate it, or ``run()`` it, as
+        a local pipeline). Each epoch is cut into pieces (``piece`` entries of its order
+        each; by default about four per worker, whole batches for formats of one sample
+        per object) that workers take as they finish; a piece whose worker dies is taken
+        again, so every sample comes exactly once. ``ordered`` (the default) yields what
+        the local run yields, in its order; ``run().scale(n)`` changes the worker count
+        mid-run, and ``run().state_dict()`` resumes with any count. ``address``: the Ray
+        cluster to join when Ray is not initialised in the process (``None``: a local one).
+        Needs Ray (``pip install './python[ray]'``); see ``docs/distributed.md``."""
+        from .distributed import DistributedPipeline
+
+        return DistributedPipeline(
+            self,
+            workers,
+            min_workers=min_workers,
+            max_workers=max_workers,
+            address=address,
+            piece=piece,
+            ordered=ordered,
+            cpus_per_worker=cpus_per_worker,
+        )
+
+    def epoch_len(self) -> int:
+        """The length of each epoch's order (what :meth:`span` cuts), from the listing:
+        the objects (or samples in memory), or the shards of a format of many records."""
+        return self._p.epoch_len()[0]
+
     def options(
         self,
         *,

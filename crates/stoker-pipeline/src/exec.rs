@@ -355,6 +355,7 @@ impl Run {
             seed: p.seed,
             columnar,
             counts,
+            span: p.span,
         };
         if let Some(s) = &state {
             s.check_fits(p.seed, ph.tail.len(), contiguous)?;

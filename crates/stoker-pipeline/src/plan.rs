@@ -280,6 +280,8 @@ pub struct Pipeline {
     pub(crate) first_epoch: u64,
     pub(crate) seed: u64,
     pub(crate) options: RunOptions,
+    /// Only entries `start..end` of each epoch's order (see [`Pipeline::span`]).
+    pub(crate) span: Option<(u64, u64)>,
 }
 
 impl Pipeline {
@@ -301,6 +303,7 @@ impl Pipeline {
             first_epoch: 0,
             seed: 0,
             options: RunOptions::default(),
+            span: None,
         }
     }
 
@@ -519,6 +522,20 @@ impl Pipeline {
         self
     }
 
+    /// Reads only entries `start..end` of each epoch's order of objects (formats with one
+    /// sample per object: samples `start..end` of the epoch) or of shards (formats of many
+    /// records: those shards, whole), the order being the one the whole pipeline reads
+    /// (shuffled by `shuffle_shards`, this rank's share with a rank split of objects).
+    /// Every sample keeps its position, so its random draws are the ones the whole run
+    /// gives it: the spans `0..a`, `a..b`, `b..n` read, one after the other, what the whole
+    /// pipeline reads (up to what the tail stages hold across a span's end: a shuffle buffer
+    /// or a batch is filled within a span). This is the piece a distributed run hands a
+    /// worker. An end past the order's length stops at it.
+    pub fn span(mut self, start: u64, end: u64) -> Self {
+        self.span = Some((start, end));
+        self
+    }
+
     /// Whether later runs in the process may read what this one reads: it reads a URL
     /// through the process's shared store (each epoch of a PyTorch loop is such a run), whose
     /// budget outlives the run, and so may a cache of samples in it.
@@ -536,6 +553,31 @@ impl Pipeline {
     pub fn options(mut self, options: RunOptions) -> Self {
         self.options = options;
         self
+    }
+
+    /// The epochs a run reads (`None`: without end) and the first of them.
+    pub fn epoch_range(&self) -> (Option<u64>, u64) {
+        (self.epochs, self.first_epoch)
+    }
+
+    /// The batch stages' sizes, in order (a distributed run cuts its pieces at multiples
+    /// of the first, so that the pieces' batches are the whole run's).
+    pub fn batch_sizes(&self) -> Vec<usize> {
+        self.ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::Batch { size, .. } => Some(*size),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether a tail stage holds samples across what it is given: a shuffle buffer, a
+    /// pack (cut at a span's end, its output differs from the whole run's).
+    pub fn holds_across(&self) -> bool {
+        self.ops
+            .iter()
+            .any(|o| matches!(o, Op::Shuffle(_) | Op::Pack(_)))
     }
 
     /// The memory limit of a run: the run options', else the source store's
@@ -559,6 +601,21 @@ impl Pipeline {
         }
         if self.epochs == Some(0) {
             return Err(Error::invalid("epochs must be at least 1"));
+        }
+        if let Some((start, end)) = self.span {
+            if start > end {
+                return Err(Error::invalid(format!(
+                    "span {start}..{end}: the start is past the end"
+                )));
+            }
+            let objects = matches!(&self.format, FormatChoice::Fixed(f) if f.one_sample_per_object())
+                || matches!(self.source, Source::Memory(_));
+            if self.rank.is_some_and(|r| r.splits()) && !objects {
+                return Err(Error::invalid(
+                    "a span with a rank split needs a format of one sample per object (files, \
+                     imagefolder): a rank's records of other formats are not a list of shards",
+                ));
+            }
         }
         crate::optimize::check_disabled(&self.options.disable)?;
         if let Source::Url {

@@ -467,6 +467,8 @@ pub(crate) struct SourceConfig {
     pub columnar: Option<Arc<Columnar>>,
     /// Every shard's record count, when the rank split is contiguous (see `split`).
     pub counts: Option<Arc<Vec<u64>>>,
+    /// Only these entries of the epoch's order (see `Pipeline::span`).
+    pub span: Option<(u64, u64)>,
 }
 
 const SHARD_ORDER: u64 = 0x0053_4841_5244;
@@ -474,6 +476,18 @@ const SHARD_ORDER: u64 = 0x0053_4841_5244;
 /// The epoch's order of shard indices (for one-sample-per-object formats: this rank's
 /// share of it).
 pub(crate) fn epoch_order(ds: &Dataset, cfg: &SourceConfig, epoch: u64) -> Vec<u32> {
+    let mut order = whole_order(ds, cfg, epoch);
+    if let Some((start, end)) = cfg.span {
+        let len = order.len() as u64;
+        let (start, end) = (start.min(len) as usize, end.min(len) as usize);
+        order.truncate(end);
+        order.drain(..start);
+    }
+    order
+}
+
+/// [`epoch_order`] before its span.
+fn whole_order(ds: &Dataset, cfg: &SourceConfig, epoch: u64) -> Vec<u32> {
     let n = ds.shards.len();
     let order = if cfg.shuffle_shards {
         permutation(n, &[cfg.seed, epoch, SHARD_ORDER])

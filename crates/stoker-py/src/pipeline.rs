@@ -389,6 +389,26 @@ impl PyPipeline {
         self.with(|p| p.first_epoch(k))
     }
 
+    /// Only entries `start..end` of each epoch's order (`stoker_pipeline::Pipeline::span`).
+    fn span(&self, start: u64, end: u64) -> Self {
+        self.with(|p| p.span(start, end))
+    }
+
+    /// `(epochs or None, first epoch, batch sizes, a shuffle buffer or pack)`: what a
+    /// distributed run needs to cut the epochs into pieces.
+    fn shape(&self) -> (Option<u64>, u64, Vec<usize>, bool) {
+        let (epochs, first) = self.p.epoch_range();
+        (epochs, first, self.p.batch_sizes(), self.p.holds_across())
+    }
+
+    /// The length of each epoch's order, listed (nothing read), and whether each entry is
+    /// one sample. Interruptible, off the GIL.
+    fn epoch_len(&self, py: Python<'_>) -> PyResult<(u64, bool)> {
+        let p = self.p.clone();
+        let n = wait::on_thread(py, "stoker-list", move || p.epoch_len())?;
+        n.map_err(|e| pipeline_error(py, e))
+    }
+
     /// Changes the given run options, keeping the others.
     #[pyo3(signature = (threads=None, memory_limit=None, deterministic=None, errors=None, autotune=None, window=None, columnar=None, share_store=None, disable=None))]
     #[allow(clippy::too_many_arguments)]

@@ -170,10 +170,9 @@ fn count_all(ds: &Dataset) -> Result<Vec<u64>, Error> {
 }
 
 impl crate::Pipeline {
-    /// Every shard of the source with its record count, read whole (`count_records` of the
-    /// format, many shards at once; Parquet reads only its footers): the content of a shard
-    /// index, which `stoker index` writes. One-sample-per-object formats count 1 each.
-    pub fn count_records(&self) -> Result<Vec<(String, u64)>, Error> {
+    /// The source listed (or, in memory, its samples), as a run would see it, with the
+    /// runtime its reads go through (keep it while reading).
+    fn listed(&self) -> Result<(Dataset, tokio::runtime::Runtime), Error> {
         let runtime = crate::source::io_runtime()?;
         let budget = self.memory_limit().map_or_else(
             stoker_core::MemoryBudget::from_system,
@@ -193,10 +192,55 @@ impl crate::Pipeline {
             false,
             opened,
         )?;
+        Ok((ds, runtime))
+    }
+
+    /// What each epoch's order is made of, listed (nothing read): the shards' URLs (for
+    /// formats of one sample per object, its samples), and whether each is one sample.
+    /// The order's length is what [`Pipeline::span`] cuts (with a rank split of objects:
+    /// the rank's share of it, see [`Pipeline::epoch_len`]).
+    pub fn list_shards(&self) -> Result<(Vec<String>, bool), Error> {
+        // (The tuple drops the dataset before its runtime.)
+        let listed = self.listed()?;
+        let ds = &listed.0;
+        Ok((
+            ds.shards.iter().map(|s| s.url.clone()).collect(),
+            ds.per_object,
+        ))
+    }
+
+    /// The length of each epoch's order (what [`Pipeline::span`] cuts): the shards listed,
+    /// or with a rank split of objects, this rank part's share of them; and whether each
+    /// entry is one sample (a format of one sample per object, or samples in memory).
+    pub fn epoch_len(&self) -> Result<(u64, bool), Error> {
+        // (The tuple drops the dataset before its runtime.)
+        let listed = self.listed()?;
+        let ds = &listed.0;
+        let cfg = crate::source::SourceConfig {
+            held_ahead: None,
+            shuffle_shards: false,
+            cycle: self.cycle,
+            rank: self.rank,
+            seed: self.seed,
+            columnar: None,
+            counts: None,
+            span: None,
+        };
+        let n = crate::source::epoch_order(ds, &cfg, self.first_epoch).len() as u64;
+        Ok((n, ds.per_object))
+    }
+
+    /// Every shard of the source with its record count, read whole (`count_records` of the
+    /// format, many shards at once; Parquet reads only its footers): the content of a shard
+    /// index, which `stoker index` writes. One-sample-per-object formats count 1 each.
+    pub fn count_records(&self) -> Result<Vec<(String, u64)>, Error> {
+        // (The tuple drops the dataset before its runtime.)
+        let listed = self.listed()?;
+        let ds = &listed.0;
         let counts = if ds.per_object {
             vec![1; ds.shards.len()]
         } else {
-            count_all(&ds)?
+            count_all(ds)?
         };
         Ok(ds
             .shards

@@ -1,0 +1,452 @@
+"""A pipeline run by worker actors on Ray (:meth:`stoker.Pipeline.distribute`).
+
+Each epoch's order (of objects, or of shards for formats of many records) is cut into
+*pieces*, spans of it (:meth:`stoker.Pipeline.span`). Worker actors, each hosting the
+Stoker engine, run the pipeline over the pieces they are handed and return the piece's
+items whole, through Ray's object store; the consumer's side hands pieces out as workers
+finish (at most ``depth`` in flight on each), takes their results, and yields the items.
+
+Exactly once: a piece's items are returned by one actor task, owned by the consumer, and
+yielded only once the whole piece is in hand; a piece whose worker dies (or whose result
+is lost with its node) is handed out again, and nothing of it was yielded before. A piece
+counts as done when the consumer has taken its last item; :meth:`DistributedRun.state_dict`
+records the done pieces and the items taken from the current one, so a run resumes
+exactly, with any number of workers.
+
+Deterministic (``ordered=True``, the default): pieces are yielded in the epoch's order, and
+since every sample keeps its position (and so its random draws) in a span, the run yields
+what the local run yields, batch for batch when the pieces are cut at multiples of the
+batch size (done for formats of one sample per object). A shuffle buffer or a pack is
+filled within a piece (``explain()`` says so). ``ordered=False`` yields pieces as they
+finish.
+
+Ray is optional: without it, :meth:`~stoker.Pipeline.distribute` raises an ``ImportError``
+naming the extra (``pip install './python[ray]'``).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from . import Pipeline
+
+EXTRA = "pip install './python[ray]'"
+
+STATE_VERSION = 1
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError(
+            f"Pipeline.distribute runs on Ray, an optional dependency that is not installed: "
+            f"{EXTRA} (or pip install 'ray>=2.9')"
+        ) from e
+    return ray
+
+
+class _Worker:
+    """The actor: the engine over one pipeline, run piece by piece."""
+
+    def __init__(self, pipeline: Pipeline, threads: int) -> None:
+        self._p = pipeline.options(threads=threads)
+        self._pieces = 0
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def run_piece(self, epoch: int, start: int, end: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        t0 = time.perf_counter()
+        run = self._p.first_epoch(epoch).epochs(1).span(start, end).run()
+        items = list(run)
+        self._pieces += 1
+        st = run.stats()
+        return items, {
+            "samples": st["samples"],
+            "seconds": time.perf_counter() - t0,
+            "pieces": self._pieces,
+        }
+
+
+_ACTOR: Any = None
+
+
+def _actor_class() -> Any:
+    global _ACTOR
+    if _ACTOR is None:
+        _ACTOR = _ray().remote(_Worker)
+    return _ACTOR
+
+
+class DistributedPipeline:
+    """A pipeline whose per-sample work runs in Ray worker actors; iterate it (or
+    :meth:`run` it) as a local pipeline. Made by :meth:`stoker.Pipeline.distribute`."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        workers: int | str = 2,
+        *,
+        min_workers: int = 1,
+        max_workers: int | None = None,
+        address: str | None = None,
+        piece: int | None = None,
+        ordered: bool = True,
+        cpus_per_worker: float = 1.0,
+        depth: int = 2,
+    ) -> None:
+        auto = workers == "auto"
+        if not auto and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+            raise ValueError(f'workers must be a positive integer or "auto", not {workers!r}')
+        if min_workers < 1:
+            raise ValueError(f"min_workers must be at least 1, not {min_workers}")
+        if max_workers is not None and max_workers < min_workers:
+            raise ValueError(f"max_workers ({max_workers}) is below min_workers ({min_workers})")
+        if piece is not None and piece < 1:
+            raise ValueError(f"piece must be at least 1, not {piece}")
+        if cpus_per_worker <= 0:
+            raise ValueError(f"cpus_per_worker must be positive, not {cpus_per_worker}")
+        if depth < 1:
+            raise ValueError(f"depth must be at least 1, not {depth}")
+        _ray()  # the clear error now, not at the first batch
+        self.pipeline = pipeline
+        self.auto = auto
+        self.workers = min_workers if auto else int(workers)
+        self.min_workers = min_workers
+        self.max_workers = max_workers if max_workers is not None else max(self.workers, min_workers)
+        self.address = address
+        self.piece = piece
+        self.ordered = ordered
+        self.cpus_per_worker = cpus_per_worker
+        self.depth = depth
+
+    def run(self, state: dict[str, Any] | None = None) -> DistributedRun:
+        """Starts a run (from ``state``, a :meth:`DistributedRun.state_dict`, when given)."""
+        return DistributedRun(self, state)
+
+    def resume(self, state: dict[str, Any]) -> DistributedRun:
+        """A run from ``state`` (any number of workers)."""
+        return self.run(state)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self.run()
+
+    def explain(self) -> str:
+        epochs, first, batches, holds = self.pipeline._p.shape()
+        lines = [
+            f"distributed on Ray: {self.workers} worker actors"
+            + (f' ("auto": {self.min_workers} to {self.max_workers})' if self.auto else "")
+            + f", {self.cpus_per_worker:g} CPU each, pieces handed out as workers finish "
+            f"({self.depth} in flight each), {'in order' if self.ordered else 'as they finish'}",
+        ]
+        if holds:
+            lines.append(
+                "a shuffle buffer or pack is filled within each piece (the local run fills "
+                "it across the epoch): the same samples, in another order"
+            )
+        lines.append("each worker runs:")
+        lines.append(self.pipeline.explain())
+        return "\n".join(lines)
+
+
+class DistributedRun:
+    """An iterator of the pipeline's items, made by Ray worker actors."""
+
+    def __init__(self, dp: DistributedPipeline, state: dict[str, Any] | None) -> None:
+        ray = _ray()
+        self._ray = ray
+        if not ray.is_initialized():
+            ray.init(address=dp.address, ignore_reinit_error=True, log_to_driver=False)
+        self._dp = dp
+        p = dp.pipeline
+        epochs, first, batches, _ = p._p.shape()
+        n, one_each = p._p.epoch_len()
+        piece = dp.piece
+        if state is not None:
+            if state.get("version") != STATE_VERSION or state.get("kind") != "distributed":
+                raise ValueError("not a state of a distributed run (or of another version)")
+            if state["n"] != n:
+                raise ValueError(
+                    f"the state is of an epoch of {state['n']} entries, this pipeline's has {n}"
+                )
+            piece = state["piece"]
+        if piece is None:
+            piece = max(1, math.ceil(n / (4 * dp.max_workers)))
+            if one_each and batches:
+                # Whole batches per piece: the pieces' batches are the local run's.
+                b = batches[0]
+                piece = max(b, piece // b * b)
+        self._n, self._piece = n, piece
+        self._cuts = list(range(0, n, piece)) + [n] if n else [0, 0]
+        self._pieces = len(self._cuts) - 1
+        self._last_epoch = None if epochs is None else first + epochs - 1
+        # Where the consumer is: the epoch, the pieces of it done, the piece being taken
+        # and how many of its items were taken.
+        self._epoch = first
+        self._done: set[int] = set()
+        self._current: int | None = None
+        self._taken = 0
+        if state is not None:
+            self._epoch = state["epoch"]
+            self._done = set(state["done"])
+            self._current = state["current"]
+            self._taken = state["taken"]
+        self._items: collections.deque[dict[str, Any]] = collections.deque()
+        # Pieces waiting, in flight and finished (epoch, index) -> items.
+        self._queue: collections.deque[tuple[int, int]] = collections.deque()
+        self._queued_epoch = self._epoch - 1
+        self._inflight: dict[Any, tuple[Any, tuple[int, int]]] = {}
+        self._ready: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        self._resume_piece = (self._epoch, self._current) if self._current is not None else None
+        self._workers: list[Any] = []
+        self._retiring: list[Any] = []
+        self._target = dp.workers
+        self._redone = 0
+        # Workers that finished a piece (by id), and workers in a row that died first.
+        self._finished_by: set[int] = set()
+        self._stillborn = 0
+        self._pieces_done = 0
+        self._worker_s = 0.0
+        self._started = time.perf_counter()
+        self._wait_s = 0.0
+        self._exhausted = False
+        self._scale_to(self._target)
+        self._fill_queue()
+
+    # Workers ----------------------------------------------------------------------------
+
+    def _new_worker(self) -> Any:
+        dp = self._dp
+        threads = max(1, int(dp.cpus_per_worker))
+        return _actor_class().options(num_cpus=dp.cpus_per_worker).remote(dp.pipeline, threads)
+
+    def _scale_to(self, n: int) -> None:
+        while len(self._workers) < n:
+            self._workers.append(self._new_worker())
+        while len(self._workers) > n:
+            # The last worker takes no new pieces and goes once its pieces are back.
+            self._retiring.append(self._workers.pop())
+        self._reap()
+
+    def scale(self, n: int) -> None:
+        """Runs ``n`` worker actors from now on: new ones take pieces at once; removed
+        ones finish the pieces they hold (nothing is lost or repeated)."""
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"workers must be at least 1, not {n!r}")
+        self._target = n
+        self._scale_to(n)
+
+    @property
+    def workers(self) -> int:
+        """Worker actors taking pieces now."""
+        return len(self._workers)
+
+    def _held(self, w: Any) -> int:
+        return sum(1 for ww, _ in self._inflight.values() if ww is w)
+
+    def _reap(self) -> None:
+        for w in list(self._retiring):
+            if self._held(w) == 0:
+                self._retiring.remove(w)
+                self._ray.kill(w)
+
+    # Pieces -----------------------------------------------------------------------------
+
+    def _fill_queue(self) -> None:
+        """Queues the next epoch's pieces once the current epoch's are all handed out."""
+        while not self._queue and (self._last_epoch is None or self._queued_epoch < self._last_epoch):
+            e = self._queued_epoch + 1
+            self._queued_epoch = e
+            skip = self._done if e == self._epoch else set()
+            self._queue.extend((e, k) for k in range(self._pieces) if k not in skip)
+            if self._last_epoch is None:
+                break
+
+    def _window_open(self, key: tuple[int, int]) -> bool:
+        """In order, pieces run at most a few pieces ahead of the one being taken, so that
+        finished pieces waiting for their turn stay bounded."""
+        if not self._dp.ordered:
+            return True
+        pos = key[0] * self._pieces + key[1]
+        k = self._current if self._current is not None else min(
+            (k for k in range(self._pieces) if k not in self._done), default=self._pieces
+        )
+        return pos - (self._epoch * self._pieces + k) < 2 * self._depth_total() + 2
+
+    def _depth_total(self) -> int:
+        return self._dp.depth * max(1, len(self._workers))
+
+    def _dispatch(self) -> None:
+        self._fill_queue()
+        for w in self._workers:
+            while self._held(w) < self._dp.depth and self._queue and self._window_open(self._queue[0]):
+                e, k = self._queue.popleft()
+                ref = w.run_piece.remote(e, self._cuts[k], self._cuts[k + 1])
+                self._inflight[ref] = (w, (e, k))
+                self._fill_queue()
+
+    def _collect(self, timeout: float | None) -> None:
+        ray = self._ray
+        refs = list(self._inflight)
+        if not refs:
+            return
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        for ref in ready:
+            w, key = self._inflight.pop(ref)
+            try:
+                items, st = ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
+                # The worker (or its node) died: the piece goes back to the front of the
+                # queue, and a new worker takes the dead one's place, unless workers die
+                # before they finish anything (they cannot start: a function the workers
+                # cannot unpickle, a pipeline that fails to build), which is an error.
+                self._queue.appendleft(key)
+                self._redone += 1
+                if id(w) not in self._finished_by:
+                    self._stillborn += 1
+                    if self._stillborn >= 3:
+                        self.close()
+                        raise RuntimeError(
+                            f"{self._stillborn} worker actors died before finishing a piece "
+                            f"(functions in the pipeline must be importable, or defined in "
+                            f"__main__, on every node): {e}"
+                        ) from e
+                self._replace(w, e)
+                continue
+            self._stillborn = 0
+            self._finished_by.add(id(w))
+            self._ready[key] = items
+            self._worker_s += st["seconds"]
+        self._reap()
+
+    def _replace(self, dead: Any, why: BaseException) -> None:
+        for ref, (w, key) in list(self._inflight.items()):
+            if w is dead:
+                # Its other pieces fail too; hand them out again now.
+                del self._inflight[ref]
+                self._queue.appendleft(key)
+                self._redone += 1
+        if dead in self._workers:
+            i = self._workers.index(dead)
+            self._workers[i] = self._new_worker()
+        elif dead in self._retiring:
+            self._retiring.remove(dead)
+
+    def _next_key(self) -> tuple[int, int] | None:
+        """The piece to take next: in order, the first not done of the epoch; else any
+        finished one (of the earliest epoch)."""
+        if self._resume_piece is not None:
+            return self._resume_piece
+        if self._dp.ordered:
+            for k in range(self._pieces):
+                if k not in self._done:
+                    return (self._epoch, k)
+            return None
+        ready = sorted(key for key in self._ready if key[0] == self._epoch)
+        if ready:
+            return ready[0]
+        return None if len(self._done) >= self._pieces else (self._epoch, -1)
+
+    def __iter__(self) -> DistributedRun:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        while True:
+            if self._items:
+                self._taken += 1
+                item = self._items.popleft()
+                if not self._items:
+                    self._finish_piece()
+                return item
+            if self._exhausted:
+                raise StopIteration
+            if len(self._done) >= self._pieces:
+                if self._last_epoch is not None and self._epoch >= self._last_epoch:
+                    self._exhausted = True
+                    self._shutdown()
+                    raise StopIteration
+                self._epoch += 1
+                self._done = set()
+                continue
+            key = self._next_key()
+            if key is not None and key[1] >= 0 and key in self._ready:
+                items = self._ready.pop(key)
+                skip = self._taken if key == self._resume_piece else 0
+                self._resume_piece = None
+                self._current = key[1]
+                self._taken = skip
+                self._items = collections.deque(items[skip:])
+                if not self._items:
+                    self._finish_piece()
+                continue
+            self._dispatch()
+            t0 = time.perf_counter()
+            self._collect(timeout=1.0)
+            self._wait_s += time.perf_counter() - t0
+
+    def _finish_piece(self) -> None:
+        assert self._current is not None
+        self._done.add(self._current)
+        self._pieces_done += 1
+        self._current = None
+        self._taken = 0
+
+    # State and numbers ------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run is: the epoch, its pieces done, the piece being taken and the
+        items taken from it. :meth:`DistributedPipeline.resume` continues from it exactly,
+        with any number of workers."""
+        return {
+            "version": STATE_VERSION,
+            "kind": "distributed",
+            "n": self._n,
+            "piece": self._piece,
+            "epoch": self._epoch,
+            "done": sorted(self._done),
+            "current": self._current,
+            "taken": self._taken,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Workers, pieces done and handed out again, the consumer's wait."""
+        return {
+            "workers": len(self._workers),
+            "retiring": len(self._retiring),
+            "pieces_per_epoch": self._pieces,
+            "piece": self._piece,
+            "pieces_done": self._pieces_done,
+            "pieces_redone": self._redone,
+            "in_flight": len(self._inflight),
+            "epoch": self._epoch,
+            "elapsed_s": time.perf_counter() - self._started,
+            "consumer_wait_s": self._wait_s,
+            "worker_s": self._worker_s,
+        }
+
+    def _shutdown(self) -> None:
+        for w in self._workers + self._retiring:
+            try:
+                self._ray.kill(w)
+            except Exception:  # noqa: BLE001 - a worker already gone
+                pass
+        self._workers, self._retiring, self._inflight = [], [], {}
+
+    def close(self) -> None:
+        """Stops the workers (a run iterated to its end stops them itself)."""
+        self._exhausted = True
+        self._shutdown()
+
+    def __del__(self) -> None:
+        try:
+            if not self._exhausted:
+                self._shutdown()
+        except Exception:  # noqa: BLE001 - interpreter exit
+            pass

@@ -1,0 +1,175 @@
+"""``Pipeline.distribute`` on a local Ray cluster of two nodes (``ray.cluster_utils.Cluster``,
+the machine's CPUs split between them): every sample exactly once per epoch, the local
+run's order, a worker killed mid-epoch, scaling up and down mid-epoch, resuming at random
+points with another worker count, pieces taken as they finish, and the error without Ray.
+
+Ray is an optional dependency: where it is not installed these tests are skipped, except
+under ``STOKER_REQUIRE_RAY=1`` (``.ci/run`` sets it, and installs Ray)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import sys
+import time
+
+import pytest
+
+import stoker
+
+try:
+    import ray
+    from ray.cluster_utils import Cluster
+except ImportError:  # pragma: no cover - CI installs Ray
+    if os.environ.get("STOKER_REQUIRE_RAY") == "1":
+        raise
+    pytest.skip("Ray is not installed (pip install './python[ray]')", allow_module_level=True)
+
+
+# The workers unpickle this module's functions by value (they cannot import it).
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    c.add_node(num_cpus=1)
+    ray.init(address=c.address, log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def samples(n: int) -> list[dict]:
+    return [{"__key__": f"k{i:04d}", "i": i} for i in range(n)]
+
+
+def slow(s):
+    time.sleep(0.004)
+    return s
+
+
+def pipeline(n: int = 120, batch: int = 8, epochs: int = 2, fn=None):
+    p = stoker.from_samples(samples(n)).shuffle_shards().map("random_int", to="r", below=10**6)
+    if fn is not None:
+        p = p.map(fn, workers="threads")
+    return p.batch(batch).seed(11).epochs(epochs)
+
+
+def view(batch) -> tuple:
+    return (tuple(batch["__key__"]), tuple(batch["r"].tolist()))
+
+
+def local(p) -> list[tuple]:
+    return [view(b) for b in p]
+
+
+def test_every_sample_once_per_epoch_in_the_local_runs_order(cluster):
+    p = pipeline(n=200, epochs=3)
+    want = local(p)
+    run = p.distribute(2, cpus_per_worker=1).run()
+    # One worker on each node.
+    nodes = set(ray.get([w.node.remote() for w in run._workers]))
+    got = [view(b) for b in run]
+    assert got == want
+    assert len(nodes) == 2, nodes
+    keys = collections.Counter(k for b in got for k in b[0])
+    assert set(keys.values()) == {3} and len(keys) == 200
+    st = run.stats()
+    assert st["pieces_done"] == 3 * st["pieces_per_epoch"] and st["pieces_redone"] == 0, st
+    # Cut at whole batches: 200 samples, batches of 8, so pieces of a multiple of 8.
+    assert st["piece"] % 8 == 0, st
+
+
+def test_a_worker_killed_mid_epoch_loses_and_repeats_nothing(cluster):
+    p = pipeline(n=160, epochs=1, fn=slow)
+    want = local(p)
+    run = p.distribute(2, piece=16, cpus_per_worker=0.5).run()
+    got = [view(next(run)) for _ in range(3)]
+    victim = run._workers[0]
+    assert run._held(victim) > 0
+    ray.kill(victim, no_restart=True)
+    got += [view(b) for b in run]
+    assert got == want
+    assert run.stats()["pieces_redone"] >= 1, run.stats()
+
+
+def test_scale_up_and_down_mid_epoch(cluster):
+    p = pipeline(n=240, epochs=2, fn=slow)
+    want = local(p)
+    run = p.distribute(1, piece=16, cpus_per_worker=0.5).run()
+    got = [view(next(run)) for _ in range(4)]
+    run.scale(3)
+    assert run.workers == 3
+    got += [view(next(run)) for _ in range(10)]
+    run.scale(1)
+    assert run.workers == 1
+    got += [view(b) for b in run]
+    assert got == want
+    with pytest.raises(ValueError, match="at least 1"):
+        run.scale(0)
+
+
+def test_resume_at_random_points_with_another_worker_count(cluster):
+    p = pipeline(n=96, batch=8, epochs=2)
+    want = local(p)
+    rng = random.Random(5)
+    for _ in range(3):
+        k = rng.randrange(1, len(want))
+        run = p.distribute(2, piece=16, cpus_per_worker=0.5).run()
+        head = [view(next(run)) for _ in range(k)]
+        state = run.state_dict()
+        run.close()
+        resumed = p.distribute(rng.choice([1, 3]), cpus_per_worker=0.5).resume(state)
+        assert head + [view(b) for b in resumed] == want, k
+
+
+def test_pieces_as_they_finish_give_each_sample_once(cluster):
+    p = pipeline(n=128, epochs=2, fn=slow)
+    want = local(p)
+    got = [view(b) for b in p.distribute(2, piece=16, ordered=False, cpus_per_worker=0.5)]
+    # The same batches each epoch (pieces are whole batches), perhaps in another order.
+    half = len(want) // 2
+    assert sorted(got[:half]) == sorted(want[:half])
+    assert sorted(got[half:]) == sorted(want[half:])
+
+
+def test_bad_arguments_and_a_foreign_state(cluster):
+    p = pipeline()
+    with pytest.raises(ValueError, match="workers"):
+        p.distribute(0)
+    with pytest.raises(ValueError, match="max_workers"):
+        p.distribute(2, min_workers=3, max_workers=2)
+    with pytest.raises(ValueError, match="not a state of a distributed run"):
+        p.distribute(1).resume({"version": 1, "kind": "local"})
+    other = stoker.from_samples(samples(7)).batch(8)
+    state = p.distribute(1, cpus_per_worker=0.5).run().state_dict()
+    with pytest.raises(ValueError, match="entries"):
+        other.distribute(1).resume(state)
+
+
+def _explode():
+    raise RuntimeError("this function cannot be rebuilt in a worker")
+
+
+class Unbuildable:
+    """A function that pickles but fails to unpickle: the workers cannot start."""
+
+    def __call__(self, s):
+        return s
+
+    def __reduce__(self):
+        return (_explode, ())
+
+
+def test_workers_that_cannot_start_are_an_error_not_a_hang(cluster):
+    p = stoker.from_samples(samples(20)).map(Unbuildable(), workers="threads")
+    with pytest.raises(RuntimeError, match="died before finishing a piece"):
+        list(p.distribute(1, cpus_per_worker=0.5))
+
+
+def test_without_ray_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ImportError, match=r"python\[ray\]"):
+        stoker.from_samples(samples(3)).distribute(2)
