@@ -465,6 +465,8 @@ class Pipeline:
         piece: int | None = None,
         ordered: bool = True,
         cpus_per_worker: float = 1.0,
+        depth: int = 2,
+        tune_s: float = 2.0,
     ) -> Any:
         """This pipeline run by ``workers`` Ray worker actors (a
         :class:`stoker.distributed.DistributedPipeline`: iterate it, or ``run()`` it, as
@@ -473,8 +475,12 @@ class Pipeline:
         per object) that workers take as they finish; a piece whose worker dies is taken
         again, so every sample comes exactly once. ``ordered`` (the default) yields what
         the local run yields, in its order; ``run().scale(n)`` changes the worker count
-        mid-run, and ``run().state_dict()`` resumes with any count. ``address``: the Ray
-        cluster to join when Ray is not initialised in the process (``None``: a local one).
+        mid-run, and ``run().state_dict()`` resumes with any count. ``workers="auto"``
+        starts ``min_workers`` and, every ``tune_s`` seconds, adds one while the consumer
+        waits on them (and the cluster has ``cpus_per_worker`` free) or removes one while
+        finished pieces wait for the consumer, within ``min_workers``..``max_workers``.
+        ``depth``: pieces in flight per worker. ``address``: the Ray cluster to join when
+        Ray is not initialised in the process (``None``: a local one).
         Needs Ray (``pip install './python[ray]'``); see ``docs/distributed.md``."""
         from .distributed import DistributedPipeline
 
@@ -487,6 +493,8 @@ class Pipeline:
             piece=piece,
             ordered=ordered,
             cpus_per_worker=cpus_per_worker,
+            depth=depth,
+            tune_s=tune_s,
         )
 
     def epoch_len(self) -> int:

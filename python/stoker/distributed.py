@@ -27,6 +27,7 @@ naming the extra (``pip install './python[ray]'``).
 from __future__ import annotations
 
 import collections
+import copy
 import math
 import time
 from typing import TYPE_CHECKING, Any, Iterator
@@ -37,6 +38,14 @@ if TYPE_CHECKING:
 EXTRA = "pip install './python[ray]'"
 
 STATE_VERSION = 1
+
+# workers="auto": the consumer's share of time waiting for a piece above which a worker is
+# added, and below which (with finished pieces waiting for it) one is removed.
+AUTO_UP = 0.10
+AUTO_DOWN = 0.02
+# ... and the workers' busy share (time on pieces over the time they had) below which a
+# wait is not for lack of workers.
+AUTO_BUSY = 0.5
 
 
 def _ray() -> Any:
@@ -101,6 +110,7 @@ class DistributedPipeline:
         ordered: bool = True,
         cpus_per_worker: float = 1.0,
         depth: int = 2,
+        tune_s: float = 2.0,
     ) -> None:
         auto = workers == "auto"
         if not auto and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
@@ -115,17 +125,40 @@ class DistributedPipeline:
             raise ValueError(f"cpus_per_worker must be positive, not {cpus_per_worker}")
         if depth < 1:
             raise ValueError(f"depth must be at least 1, not {depth}")
+        if tune_s <= 0:
+            raise ValueError(f"tune_s must be positive, not {tune_s}")
         _ray()  # the clear error now, not at the first batch
         self.pipeline = pipeline
         self.auto = auto
         self.workers = min_workers if auto else int(workers)
         self.min_workers = min_workers
-        self.max_workers = max_workers if max_workers is not None else max(self.workers, min_workers)
+        # "auto" without max_workers: as many as the cluster's free CPUs allow.
+        self.max_workers = (
+            max_workers
+            if max_workers is not None
+            else (None if auto else max(self.workers, min_workers))
+        )
         self.address = address
         self.piece = piece
         self.ordered = ordered
         self.cpus_per_worker = cpus_per_worker
         self.depth = depth
+        self.tune_s = tune_s
+
+    def with_pipeline(self, pipeline: Pipeline) -> DistributedPipeline:
+        """The same distribution over another pipeline (``stoker.torch.Dataset`` gives each
+        rank its share this way)."""
+        out = copy.copy(self)
+        out.pipeline = pipeline
+        return out
+
+    def first_epoch(self, epoch: int) -> DistributedPipeline:
+        """As :meth:`stoker.Pipeline.first_epoch`, in the workers."""
+        return self.with_pipeline(self.pipeline.first_epoch(epoch))
+
+    def epochs(self, n: int | None) -> DistributedPipeline:
+        """As :meth:`stoker.Pipeline.epochs`, in the workers."""
+        return self.with_pipeline(self.pipeline.epochs(n))
 
     def run(self, state: dict[str, Any] | None = None) -> DistributedRun:
         """Starts a run (from ``state``, a :meth:`DistributedRun.state_dict`, when given)."""
@@ -140,12 +173,21 @@ class DistributedPipeline:
 
     def explain(self) -> str:
         epochs, first, batches, holds = self.pipeline._p.shape()
+        most = self.max_workers if self.max_workers is not None else "as the free CPUs allow"
         lines = [
             f"distributed on Ray: {self.workers} worker actors"
-            + (f' ("auto": {self.min_workers} to {self.max_workers})' if self.auto else "")
+            + (f' ("auto": {self.min_workers} to {most})' if self.auto else "")
             + f", {self.cpus_per_worker:g} CPU each, pieces handed out as workers finish "
             f"({self.depth} in flight each), {'in order' if self.ordered else 'as they finish'}",
         ]
+        if self.auto:
+            lines.append(
+                f"every {self.tune_s:g} s: a worker more after the consumer waited more than "
+                f"{AUTO_UP:.0%} of the time twice in a row on workers busy more than "
+                f"{AUTO_BUSY:.0%} of theirs, and the cluster has "
+                f"{self.cpus_per_worker:g} CPU free; a worker fewer after it waited less than "
+                f"{AUTO_DOWN:.0%} twice in a row with finished pieces queued for it"
+            )
         if holds:
             lines.append(
                 "a shuffle buffer or pack is filled within each piece (the local run fills "
@@ -178,7 +220,11 @@ class DistributedRun:
                 )
             piece = state["piece"]
         if piece is None:
-            piece = max(1, math.ceil(n / (4 * dp.max_workers)))
+            most = dp.max_workers
+            if most is None:
+                cpus = ray.cluster_resources().get("CPU", 1.0)
+                most = max(dp.workers, int(cpus // dp.cpus_per_worker))
+            piece = max(1, math.ceil(n / (4 * most)))
             if one_each and batches:
                 # Whole batches per piece: the pieces' batches are the local run's.
                 b = batches[0]
@@ -217,6 +263,10 @@ class DistributedRun:
         self._started = time.perf_counter()
         self._wait_s = 0.0
         self._exhausted = False
+        # workers="auto": the last decision's time and wait, the decisions made.
+        self._tune_at = (self._started, 0.0, 0.0)
+        self._calm = self._hot = 0
+        self._scaling: list[dict[str, Any]] = []
         self._scale_to(self._target)
         self._fill_queue()
 
@@ -385,10 +435,12 @@ class DistributedRun:
                 self._items = collections.deque(items[skip:])
                 if not self._items:
                     self._finish_piece()
+                self._tune()
                 continue
+            self._tune()
             self._dispatch()
             t0 = time.perf_counter()
-            self._collect(timeout=1.0)
+            self._collect(timeout=min(1.0, self._dp.tune_s))
             self._wait_s += time.perf_counter() - t0
 
     def _finish_piece(self) -> None:
@@ -397,6 +449,69 @@ class DistributedRun:
         self._pieces_done += 1
         self._current = None
         self._taken = 0
+
+    def _tune(self) -> None:
+        """``workers="auto"``: every ``tune_s``, from the consumer's wait since the last
+        decision. Waiting more than AUTO_UP of the time twice in a row, on workers busy
+        more than AUTO_BUSY of theirs, means the workers are behind: one more, within
+        ``max_workers`` and the cluster's free CPUs. Waiting
+        less than AUTO_DOWN twice in a row, with finished pieces queued, means they are
+        ahead: one fewer, down to ``min_workers``. Twice, so that one slow moment (a
+        worker starting, a stall elsewhere on the machine) does not swing the count."""
+        dp = self._dp
+        now = time.perf_counter()
+        t0, w0, b0 = self._tune_at
+        if not dp.auto or now - t0 < dp.tune_s:
+            return
+        self._tune_at = (now, self._wait_s, self._worker_s)
+        waited = (self._wait_s - w0) / (now - t0)
+        n = len(self._workers)
+        # How busy the workers were: their time on pieces returned in the window, over
+        # the time they had.
+        busy = (self._worker_s - b0) / ((now - t0) * max(1, n))
+        why = None
+        cap = dp.max_workers if dp.max_workers is not None else 1 << 16
+        if waited > AUTO_UP and n < cap and busy < AUTO_BUSY:
+            # The consumer waited, but not on busy workers (a stall elsewhere: a worker
+            # starting, the machine, Ray's transport): more workers would not help.
+            self._hot = 0
+            self._calm = 0
+        elif waited > AUTO_UP and n < cap:
+            free = self._ray.available_resources().get("CPU", 0.0)
+            self._calm = 0
+            self._hot += 1
+            if self._hot < 2:
+                pass
+            elif free >= dp.cpus_per_worker:
+                self._hot = 0
+                why = (
+                    f"the consumer waited {waited:.0%} of the time, the workers were "
+                    f"{busy:.0%} busy; {free:g} CPU free"
+                )
+                self._target = n + 1
+            else:
+                self._note_scaling(n, f"wanted a worker more (waited {waited:.0%}): no CPU free")
+        elif waited < AUTO_DOWN and self._ready and n > dp.min_workers:
+            self._hot = 0
+            self._calm += 1
+            if self._calm >= 2:
+                self._calm = 0
+                why = f"the consumer waited {waited:.0%} of the time, pieces were waiting for it"
+                self._target = n - 1
+        else:
+            self._calm = self._hot = 0
+        if why is not None:
+            self._scale_to(self._target)
+            self._note_scaling(self._target, why)
+
+    def _note_scaling(self, workers: int, why: str) -> None:
+        last = self._scaling[-1] if self._scaling else {}
+        if last.get("why") == why and last.get("workers") == workers:
+            return
+        self._scaling.append(
+            {"t": round(time.perf_counter() - self._started, 3), "workers": workers, "why": why}
+        )
+        del self._scaling[:-64]
 
     # State and numbers ------------------------------------------------------------------
 
@@ -429,7 +544,24 @@ class DistributedRun:
             "elapsed_s": time.perf_counter() - self._started,
             "consumer_wait_s": self._wait_s,
             "worker_s": self._worker_s,
+            "scaling": list(self._scaling),
         }
+
+    @property
+    def closed(self) -> bool:
+        """Whether the run ended (iterated to its end, or closed)."""
+        return self._exhausted
+
+    def profile(self, out: str | None = None) -> dict[str, Any]:
+        """What the consumer's side measured: :meth:`stats`, and whether the consumer
+        waited on the workers (``input_bound``: waiting more than a tenth of the time).
+        Each worker's own run is not profiled here; ``out`` is not supported yet."""
+        if out is not None:
+            raise ValueError("a distributed run has no report to write yet (out=)")
+        st = self.stats()
+        st["kind"] = "distributed"
+        st["input_bound"] = st["consumer_wait_s"] > 0.1 * max(st["elapsed_s"], 1e-9)
+        return st
 
     def _shutdown(self) -> None:
         for w in self._workers + self._retiring:

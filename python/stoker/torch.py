@@ -197,6 +197,10 @@ class Dataset(tud.IterableDataset):
     it is needed only with torch's own ``DataLoader`` and workers, whose worker copies do
     not see the iterations counted here (:class:`DataLoader` counts for its workers).
 
+    A pipeline made by ``p.distribute(...)`` (``docs/distributed.md``) works the same way
+    with ``num_workers=0``: each rank's share runs on Ray worker actors, in the same order
+    as the local pipeline's share, and ``state_dict()`` resumes it.
+
     ``state_dict()`` / ``load_state_dict()`` work with ``num_workers=0``; with workers use
     :class:`DataLoader`, which tracks every worker's position.
 
@@ -217,11 +221,20 @@ class Dataset(tud.IterableDataset):
         to_torch: bool = True,
     ) -> None:
         super().__init__()
-        if not isinstance(pipeline, Pipeline):
-            raise TypeError(f"Dataset takes a stoker.Pipeline, not {type(pipeline).__name__}")
-        source = pipeline._recipe[0] if pipeline._recipe else None
+        from .distributed import DistributedPipeline
+
+        # A distributed pipeline (p.distribute(...)): each rank runs its share on Ray
+        # workers; `inner` is the pipeline they run.
+        self._distributed = isinstance(pipeline, DistributedPipeline)
+        inner = pipeline.pipeline if self._distributed else pipeline
+        if not isinstance(inner, Pipeline):
+            raise TypeError(
+                "Dataset takes a stoker.Pipeline (or one made by .distribute()), "
+                f"not {type(pipeline).__name__}"
+            )
+        source = inner._recipe[0] if inner._recipe else None
         spec_rank = source is not None and source[0] == "from_spec" and "rank" in source[1][0]
-        if "shard" in pipeline._calls() or spec_rank:
+        if "shard" in inner._calls() or spec_rank:
             raise ValueError(
                 "the pipeline is already sharded (.shard() or a spec's [rank]): "
                 "stoker.torch.Dataset shards "
@@ -243,7 +256,7 @@ class Dataset(tud.IterableDataset):
         # DataLoader makes), and the epoch of the current or last iteration. A pipeline's
         # own first_epoch(k) is where the first iteration starts; with epochs(n) each
         # iteration reads n epochs.
-        calls = dict((name, args) for name, args, _ in pipeline._recipe)
+        calls = dict((name, args) for name, args, _ in inner._recipe)
         self._first_epoch = int(calls["first_epoch"][0]) if "first_epoch" in calls else 0
         self._next_epoch = [self._first_epoch]
         n = calls["epochs"][0] if "epochs" in calls else 1
@@ -267,17 +280,19 @@ class Dataset(tud.IterableDataset):
 
     # Iteration ----------------------------------------------------------------------
 
-    def pipeline_for(self, part: int, parts: int) -> Pipeline:
+    def pipeline_for(self, part: int, parts: int) -> Any:
         """The pipeline that worker ``part`` of this rank's ``parts`` workers runs (``0``
         of ``1`` without workers): this rank's share, dealt out to the workers."""
-        p = self.pipeline.shard(self.rank, self.world_size, self.policy, part=part, parts=parts)
+        inner = self.pipeline.pipeline if self._distributed else self.pipeline
+        p = inner.shard(self.rank, self.world_size, self.policy, part=part, parts=parts)
         chosen = any(
             name == "options" and kwargs.get("share_store") is not None
-            for name, _, kwargs in self.pipeline._recipe
+            for name, _, kwargs in inner._recipe
         )
         # Each iteration is a run: the shared store carries the block cache from epoch to
         # epoch, as one run over several epochs would keep it.
-        return p if chosen else p.options(share_store=True)
+        p = p if chosen else p.options(share_store=True)
+        return self.pipeline.with_pipeline(p) if self._distributed else p
 
     def set_epoch(self, epoch: int) -> None:
         """The next iteration is epoch ``epoch`` (its shard order, shuffle and random
@@ -314,6 +329,11 @@ class Dataset(tud.IterableDataset):
                 "safe: the engine's lock bookkeeping is copied half-way. Start workers with "
                 'multiprocessing_context="forkserver" (stoker.torch.DataLoader does) or '
                 '"spawn"'
+            )
+        if info is not None and self._distributed:
+            raise ValueError(
+                "a distributed pipeline runs on Ray workers already: use it with "
+                "num_workers=0 (DataLoader worker processes would each start their own)"
             )
         workers = 1 if info is None else info.num_workers
         worker = 0 if info is None else info.id

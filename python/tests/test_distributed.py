@@ -149,6 +149,70 @@ def test_bad_arguments_and_a_foreign_state(cluster):
         other.distribute(1).resume(state)
 
 
+def test_auto_adds_workers_while_the_consumer_waits(cluster):
+    p = pipeline(n=640, epochs=1, fn=slow)
+    want = local(p)
+    run = p.distribute(
+        "auto", min_workers=1, max_workers=3, piece=16, cpus_per_worker=0.5, tune_s=0.3
+    ).run()
+    assert run.workers == 1
+    seen = []
+    got = []
+    for b in run:
+        got.append(view(b))
+        seen.append(run.workers)
+    assert got == want
+    # One worker makes about 250 samples/s, and the consumer waits on it: more are added,
+    # up to max_workers, each decision recorded with its reason.
+    assert max(seen) >= 2, seen
+    assert max(seen) <= 3, seen
+    ups = [d for d in run.stats()["scaling"] if "waited" in d["why"]]
+    assert ups and ups[0]["workers"] == 2, run.stats()["scaling"]
+
+
+def test_auto_removes_workers_while_pieces_wait_for_the_consumer(cluster):
+    p = pipeline(n=2400, epochs=1)
+    want = local(p)
+    run = p.distribute(
+        "auto", min_workers=1, max_workers=3, piece=8, cpus_per_worker=0.5, tune_s=0.2
+    ).run()
+    run.scale(3)
+    got = []
+    seen = []
+    for b in run:
+        got.append(view(b))
+        seen.append(run.workers)
+        if run.workers > 1:
+            time.sleep(0.06)  # a slow training step: the workers are ahead
+    assert got == want
+    assert seen[0] == 3 and min(seen) == 1, (seen, run.stats()["scaling"])
+    downs = [d for d in run.stats()["scaling"] if "pieces were waiting" in d["why"]]
+    assert [d["workers"] for d in downs][:2] == [2, 1], run.stats()["scaling"]
+    assert "auto" in p.distribute("auto", max_workers=3).explain()
+
+
+def test_torch_dataset_takes_a_distributed_pipeline_and_resumes_it(cluster):
+    torch_mod = pytest.importorskip("stoker.torch")
+    p = pipeline(n=200, epochs=1)
+    dp = p.distribute(2, piece=16, cpus_per_worker=0.5)
+    for rank in range(2):
+        want = [view(b) for b in torch_mod.Dataset(p, rank=rank, world_size=2, to_torch=False)]
+        ds = torch_mod.Dataset(dp, rank=rank, world_size=2, to_torch=False)
+        it = iter(ds)
+        head = [view(next(it)) for _ in range(3)]
+        state = ds.state_dict()
+        again = torch_mod.Dataset(dp, rank=rank, world_size=2, to_torch=False)
+        again.load_state_dict(state)
+        assert head + [view(b) for b in again] == want, rank
+        # The rest of the first iteration too, and the next epoch of both.
+        assert head + [view(b) for b in it] == want
+    loader = torch_mod.DataLoader(
+        torch_mod.Dataset(dp, rank=0, world_size=2), batch_size=None, num_workers=1
+    )
+    with pytest.raises(Exception, match="num_workers=0"):
+        next(iter(loader))
+
+
 def _explode():
     raise RuntimeError("this function cannot be rebuilt in a worker")
 
