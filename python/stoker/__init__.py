@@ -497,6 +497,40 @@ class Pipeline:
             tune_s=tune_s,
         )
 
+    def serve(
+        self,
+        name: str,
+        *,
+        workers: int = 2,
+        consumers: int = 1,
+        mode: str = "shared",
+        piece: int | None = None,
+        cpus_per_worker: float = 1.0,
+        depth: int = 2,
+        address: str | None = None,
+    ) -> Any:
+        """This pipeline as a named service on Ray that ``consumers`` consumers, in any
+        process or job of the cluster, read with ``stoker.service.attach(name, i)``:
+        ``mode="shared"``, each reads every epoch whole, from pieces made once;
+        ``mode="split"``, consumer ``i`` reads the share ``shard(i, consumers)`` of each
+        epoch (equal counts, each sample once). A coordinator actor named after ``name``
+        hands out the pieces to ``workers`` worker actors and redoes those of a worker that
+        dies. Returns a :class:`stoker.service.Service` (``close()`` stops it). Needs Ray;
+        see ``docs/distributed.md``."""
+        from .service import Service
+
+        return Service(
+            self,
+            name,
+            workers=workers,
+            consumers=consumers,
+            mode=mode,
+            piece=piece,
+            cpus_per_worker=cpus_per_worker,
+            depth=depth,
+            address=address,
+        )
+
     def epoch_len(self) -> int:
         """The length of each epoch's order (what :meth:`span` cuts), from the listing:
         the objects (or samples in memory), or the shards of a format of many records."""

@@ -17,6 +17,7 @@ import time
 import pytest
 
 import stoker
+import stoker.service
 
 try:
     import ray
@@ -211,6 +212,47 @@ def test_torch_dataset_takes_a_distributed_pipeline_and_resumes_it(cluster):
     )
     with pytest.raises(Exception, match="num_workers=0"):
         next(iter(loader))
+
+
+@ray.remote(num_cpus=0)
+def consume(name: str, i: int) -> list:
+    import stoker.service
+
+    return [view(b) for b in stoker.service.attach(name, i)]
+
+
+def test_a_service_shared_by_two_consumers_makes_each_piece_once(cluster):
+    p = pipeline(n=160, epochs=2)
+    want = local(p)
+    with p.serve("shared-test", workers=2, consumers=2, piece=16, cpus_per_worker=0.5) as svc:
+        got = ray.get([consume.remote("shared-test", i) for i in range(2)])
+        st = svc.stats()
+    # Each consumer reads both epochs whole, in the local run's order; every piece was made
+    # once for the two.
+    assert got[0] == want and got[1] == want
+    assert st["pieces_made"] == 2 * st["pieces_per_epoch"][0] and st["pieces_redone"] == 0, st
+
+
+def test_a_service_split_between_two_consumers_gives_equal_shares_once(cluster):
+    p = pipeline(n=170, epochs=2, fn=slow)
+    with p.serve("split-test", workers=2, consumers=2, mode="split", piece=16, cpus_per_worker=0.5) as svc:
+        futures = [consume.remote("split-test", i) for i in range(2)]
+        time.sleep(0.5)
+        # A worker dies mid-epoch: its pieces are made again, nothing lost or repeated.
+        ray.kill(ray.get(svc._actor.worker_handles.remote())[0], no_restart=True)
+        got = ray.get(futures)
+        st = svc.stats()
+    for i in range(2):
+        assert got[i] == local(p.shard(i, 2)), i
+    # 170 samples, two consumers: 85 each per epoch ("drop" keeps floor(170 / 2)), batches
+    # of 8: the same count for both.
+    assert len(got[0]) == len(got[1])
+    for epoch in range(2):
+        keys = [k for g in got for b in g[len(g) // 2 * epoch : len(g) // 2 * (epoch + 1)] for k in b[0]]
+        assert len(keys) == len(set(keys)) == 170, epoch
+    assert st["pieces_redone"] >= 1, st
+    with pytest.raises(LookupError, match="no Stoker service"):
+        next(stoker.service.attach("split-test", 0))
 
 
 def _explode():
