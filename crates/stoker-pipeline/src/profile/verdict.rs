@@ -433,6 +433,28 @@ fn recommend(
                     python: Some(format!("p = p.options(threads={cpus})")),
                 });
             }
+            // Every CPU of the machine was busy: more CPUs, on other machines, through Ray
+            // worker actors (each hosting the engine over a piece of the epoch).
+            let cores = p.cpu_s / p.seconds.max(1e-9);
+            if threads >= cpus && l.workers >= SATURATED && cores >= 0.8 * cpus as f64 {
+                let want = (cpus as f64 * max_gain.clamp(1.0, 8.0)).ceil() as u64;
+                recs.push(Recommendation {
+                    change: format!(
+                        "Run the pipeline on more CPUs than this machine has: Ray worker \
+                         actors on other machines (about {want} CPUs in all would keep up)"
+                    ),
+                    why: format!(
+                        "the {threads} worker threads were busy and the process used \
+                         {cores:.1} of the machine's {cpus} CPUs"
+                    ),
+                    expected_gain: cap(want as f64 / cpus as f64),
+                    spec: None,
+                    python: Some(format!(
+                        "dp = p.distribute(workers=\"auto\", cpus_per_worker={cpus})  \
+                         # on Ray: docs/distributed.md"
+                    )),
+                });
+            }
             if l.workers < 0.5 && l.tail < SATURATED && l.source < SOURCE_BUSY {
                 recs.push(Recommendation {
                     change: "Let more samples be in flight (a larger window)".into(),
