@@ -641,7 +641,13 @@ class Pipeline:
 
     def resume(self, state: Mapping[str, Any]) -> Run:
         """Starts a run from ``state`` (a run's ``state_dict()``, or that dict after a JSON
-        round trip): it yields exactly the items that run had not yet yielded."""
+        round trip): it yields exactly the items that run had not yet yielded. A state of
+        a distributed run (``p.distribute(...)``) resumes here, on this machine, piece by
+        piece (a :class:`stoker.distributed.LocalPieceRun`)."""
+        if isinstance(state, Mapping) and state.get("kind") == "distributed":
+            from .distributed import LocalPieceRun
+
+            return LocalPieceRun(self, state)  # type: ignore[return-value]
         text = to_json(state)
         return self._start(lambda: self._p.resume(text))
 

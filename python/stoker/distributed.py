@@ -2,23 +2,24 @@
 
 Each epoch's order (of objects, or of shards for formats of many records) is cut into
 *pieces*, spans of it (:meth:`stoker.Pipeline.span`). Worker actors, each hosting the
-Stoker engine, run the pipeline over the pieces they are handed and return the piece's
-items whole, through Ray's object store; the consumer's side hands pieces out as workers
-finish (at most ``depth`` in flight on each), takes their results, and yields the items.
+Stoker engine, run the pipeline over the pieces they are handed and stream each piece's
+items back as they are made (Ray's streaming generators), through Ray's object store; the
+consumer's side hands pieces out as workers finish (at most ``depth`` running on each) and
+yields the items of one piece after the other.
 
-Exactly once: a piece's items are returned by one actor task, owned by the consumer, and
-yielded only once the whole piece is in hand; a piece whose worker dies (or whose result
-is lost with its node) is handed out again, and nothing of it was yielded before. A piece
-counts as done when the consumer has taken its last item; :meth:`DistributedRun.state_dict`
-records the done pieces and the items taken from the current one, so a run resumes
-exactly, with any number of workers.
+Exactly once: a piece's output is deterministic (every sample keeps its place in the
+epoch's order, and so its random draws), so a piece whose worker dies (or whose items are
+lost with its node) is handed out again with the items the consumer already took from it
+skipped: nothing is lost or repeated. A piece counts as done when the consumer has taken
+its last item; :meth:`DistributedRun.state_dict` records the done pieces and the items
+taken from the current one, so a run resumes exactly, with any number of workers.
 
 Deterministic (``ordered=True``, the default): pieces are yielded in the epoch's order, and
 since every sample keeps its position (and so its random draws) in a span, the run yields
 what the local run yields, batch for batch when the pieces are cut at multiples of the
 batch size (done for formats of one sample per object). A shuffle buffer or a pack is
 filled within a piece (``explain()`` says so). ``ordered=False`` yields pieces as they
-finish.
+finish (a piece is still read from its first item to its last before the next).
 
 Ray is optional: without it, :meth:`~stoker.Pipeline.distribute` raises an ``ImportError``
 naming the extra (``pip install './python[ray]'``).
@@ -30,7 +31,7 @@ import collections
 import copy
 import math
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 if TYPE_CHECKING:
     from . import Pipeline
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 EXTRA = "pip install './python[ray]'"
 
 STATE_VERSION = 1
+
+# The key of a piece's last item, its numbers (not one of the pipeline's items).
+PIECE_END = "__stoker_piece_end__"
 
 # workers="auto": the consumer's share of time waiting for a piece above which a worker is
 # added, and below which (with finished pieces waiting for it) one is removed.
@@ -71,20 +75,174 @@ class _Worker:
 
         return ray.get_runtime_context().get_node_id()
 
-    def run_piece(self, epoch: int, start: int, end: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def stream_piece(self, epoch: int, start: int, end: int, skip: int) -> Iterator[dict[str, Any]]:
+        """The piece's items as they are made (a Ray streaming generator), its first
+        `skip` left out, then a last item of its numbers."""
         t0 = time.perf_counter()
-        run = self._p.first_epoch(epoch).epochs(1).span(start, end).run()
-        items = list(run)
+        for i, item in enumerate(self._p.first_epoch(epoch).epochs(1).span(start, end).run()):
+            if i >= skip:
+                yield item
         self._pieces += 1
-        st = run.stats()
-        return items, {
-            "samples": st["samples"],
-            "seconds": time.perf_counter() - t0,
-            "pieces": self._pieces,
-        }
+        yield {PIECE_END: {"seconds": time.perf_counter() - t0, "pieces": self._pieces}}
+
+
+class _Stream:
+    """A piece handed out: its worker's stream of items, whether the worker's task
+    finished, and the items the consumer took from it."""
+
+    def __init__(self, gen: Any, worker: Any, seq: int, skip: int = 0, start: int | None = None) -> None:
+        self.gen = gen
+        self.start = start
+        self.worker = worker
+        self.seq = seq
+        self.skip = skip
+        self.taken = 0
+        self.finished = False
 
 
 _ACTOR: Any = None
+
+
+def _lost() -> tuple[type[BaseException], ...]:
+    """Ray's errors for a task whose worker, node or result is gone."""
+    import ray.exceptions as x
+
+    names = ("RayActorError", "ObjectLostError", "OwnerDiedError", "WorkerCrashedError", "NodeDiedError")
+    return tuple(getattr(x, n) for n in names if hasattr(x, n))
+
+
+def _default_piece(ray: Any, dp: DistributedPipeline, n: int, one_each: bool, batches: list[int]) -> int:
+    """About four pieces per worker at the most workers the run may have; whole batches
+    for formats of one sample per object (so the pieces' batches are the local run's)."""
+    most = dp.max_workers
+    if most is None:
+        cpus = ray.cluster_resources().get("CPU", 1.0)
+        most = max(dp.workers, int(cpus // dp.cpus_per_worker))
+    piece = max(1, math.ceil(n / (4 * most)))
+    if one_each and batches:
+        b = batches[0]
+        piece = max(b, piece // b * b)
+    return piece
+
+
+def local_to_distributed(p: Pipeline, state: Mapping[str, Any], piece: int) -> dict[str, Any]:
+    """A local run's ``state_dict()`` as a distributed run's, pieces of ``piece``: the
+    pieces before the local run's position are done, and the one it is in begins at that
+    position. Between items of a pipeline whose stages hold no sample at that point (no
+    half-filled batch, shuffle buffer or pack) over a format of one sample per object;
+    anything else is a ``ValueError`` saying why."""
+    n, one_each = p._p.epoch_len()
+    if not one_each:
+        raise ValueError(
+            "a local run's state resumes on Ray only for formats of one sample per object "
+            "(files, imagefolder, samples in memory): for record formats a local position "
+            "is inside a shard"
+        )
+    cursor = state.get("cursor") or {}
+    held = [st.get("kind", "?") for st in state.get("stages", []) if any(v for k, v in st.items() if k != "kind")]
+    if cursor.get("slots") or held:
+        raise ValueError(
+            f"this local state holds samples in a stage ({', '.join(held) or 'the source'}): "
+            "it resumes on Ray only between batches of a pipeline without a shuffle buffer "
+            "or pack; resume it locally, or take the state at a batch boundary"
+        )
+    at, epoch = int(cursor["next"]), int(state["epoch"])
+    cuts = list(range(0, n, piece)) + [n]
+    if at >= n:
+        epoch, at = epoch + 1, 0
+    k = max(i for i in range(len(cuts) - 1) if cuts[i] <= at) if n else 0
+    return {
+        "version": STATE_VERSION,
+        "kind": "distributed",
+        "n": n,
+        "piece": piece,
+        "epoch": epoch,
+        "done": list(range(k)),
+        "current": None if at == cuts[k] else k,
+        "taken": 0,
+        "offset": None if at == cuts[k] else at,
+    }
+
+
+class LocalPieceRun:
+    """A distributed run's state resumed on this machine (``Pipeline.resume`` of a
+    distributed state): the same pieces, one after the other, in this process, so the items
+    are those the distributed run would have yielded next. Its ``state_dict()`` is a
+    distributed one, so the run can go back to Ray."""
+
+    def __init__(self, p: Pipeline, state: Mapping[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION or state.get("kind") != "distributed":
+            raise ValueError("not a state of a distributed run (or of another version)")
+        n, _ = p._p.epoch_len()
+        if state["n"] != n:
+            raise ValueError(f"the state is of an epoch of {state['n']} entries, this pipeline's has {n}")
+        epochs, first, _, _ = p._p.shape()
+        self._p = p
+        self._n, self._piece = n, state["piece"]
+        self._cuts = list(range(0, n, self._piece)) + [n] if n else [0, 0]
+        self._last = None if epochs is None else first + epochs - 1
+        self._epoch = state["epoch"]
+        self._done = set(state["done"])
+        self._current = state["current"]
+        self._taken = state["taken"]
+        self._offset = state.get("offset")
+        self._run: Any = None
+        self.closed = False
+
+    def __iter__(self) -> LocalPieceRun:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        pieces = len(self._cuts) - 1
+        while True:
+            if self.closed:
+                raise StopIteration
+            if self._run is None:
+                if self._current is None:
+                    k = next((k for k in range(pieces) if k not in self._done), None)
+                    if k is None:
+                        if self._last is not None and self._epoch >= self._last:
+                            self.close()
+                            raise StopIteration
+                        self._epoch, self._done = self._epoch + 1, set()
+                        continue
+                    self._current, self._taken, self._offset = k, 0, None
+                k = self._current
+                begin = self._cuts[k] if self._offset is None else self._offset
+                run = self._p.first_epoch(self._epoch).epochs(1).span(begin, self._cuts[k + 1]).run()
+                for _ in range(self._taken):
+                    next(run)
+                self._run = run
+            try:
+                item = next(self._run)
+            except StopIteration:
+                self._run.close()
+                self._run = None
+                self._done.add(self._current)
+                self._current, self._taken, self._offset = None, 0, None
+                continue
+            self._taken += 1
+            return item
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run is, as a distributed run's state (it resumes on Ray or here)."""
+        return {
+            "version": STATE_VERSION,
+            "kind": "distributed",
+            "n": self._n,
+            "piece": self._piece,
+            "epoch": self._epoch,
+            "done": sorted(self._done),
+            "current": self._current,
+            "taken": self._taken,
+            "offset": self._offset if self._current is not None else None,
+        }
+
+    def close(self) -> None:
+        if self._run is not None:
+            self._run.close()
+            self._run = None
+        self.closed = True
 
 
 def _actor_class() -> Any:
@@ -211,6 +369,10 @@ class DistributedRun:
         epochs, first, batches, _ = p._p.shape()
         n, one_each = p._p.epoch_len()
         piece = dp.piece
+        if state is not None and "cursor" in state and piece is None:
+            piece = _default_piece(ray, dp, n, one_each, batches)
+        if state is not None and "cursor" in state:
+            state = local_to_distributed(p, state, piece)
         if state is not None:
             if state.get("version") != STATE_VERSION or state.get("kind") != "distributed":
                 raise ValueError("not a state of a distributed run (or of another version)")
@@ -220,15 +382,7 @@ class DistributedRun:
                 )
             piece = state["piece"]
         if piece is None:
-            most = dp.max_workers
-            if most is None:
-                cpus = ray.cluster_resources().get("CPU", 1.0)
-                most = max(dp.workers, int(cpus // dp.cpus_per_worker))
-            piece = max(1, math.ceil(n / (4 * most)))
-            if one_each and batches:
-                # Whole batches per piece: the pieces' batches are the local run's.
-                b = batches[0]
-                piece = max(b, piece // b * b)
+            piece = _default_piece(ray, dp, n, one_each, batches)
         self._n, self._piece = n, piece
         self._cuts = list(range(0, n, piece)) + [n] if n else [0, 0]
         self._pieces = len(self._cuts) - 1
@@ -239,18 +393,25 @@ class DistributedRun:
         self._done: set[int] = set()
         self._current: int | None = None
         self._taken = 0
+        # Where the current piece began when not at its cut (a local run's state resumed
+        # here begins it at the local run's position).
+        self._offset: int | None = None
         if state is not None:
             self._epoch = state["epoch"]
             self._done = set(state["done"])
             self._current = state["current"]
             self._taken = state["taken"]
-        self._items: collections.deque[dict[str, Any]] = collections.deque()
-        # Pieces waiting, in flight and finished (epoch, index) -> items.
-        self._queue: collections.deque[tuple[int, int]] = collections.deque()
+            self._offset = state.get("offset")
+        # Pieces waiting (epoch, index, items to skip), and those handed out: (epoch, index)
+        # -> their stream of items, until the consumer has taken them all.
+        self._queue: collections.deque[tuple[int, int, int, int | None]] = collections.deque()
         self._queued_epoch = self._epoch - 1
-        self._inflight: dict[Any, tuple[Any, tuple[int, int]]] = {}
-        self._ready: dict[tuple[int, int], list[dict[str, Any]]] = {}
-        self._resume_piece = (self._epoch, self._current) if self._current is not None else None
+        self._streams: dict[tuple[int, int], _Stream] = {}
+        self._cur: _Stream | None = None
+        self._seq = 0
+        if self._current is not None:
+            # Resuming inside a piece: it goes first, skipping what was taken.
+            self._queue.append((self._epoch, self._current, self._taken, self._offset))
         self._workers: list[Any] = []
         self._retiring: list[Any] = []
         self._target = dp.workers
@@ -299,11 +460,13 @@ class DistributedRun:
         return len(self._workers)
 
     def _held(self, w: Any) -> int:
-        return sum(1 for ww, _ in self._inflight.values() if ww is w)
+        """Pieces running on `w` (its task not yet finished)."""
+        return sum(1 for st in self._streams.values() if st.worker is w and not st.finished)
 
     def _reap(self) -> None:
         for w in list(self._retiring):
-            if self._held(w) == 0:
+            # Gone once its tasks finished and the consumer took their items.
+            if not any(st.worker is w for st in self._streams.values()):
                 self._retiring.remove(w)
                 self._ray.kill(w)
 
@@ -314,12 +477,14 @@ class DistributedRun:
         while not self._queue and (self._last_epoch is None or self._queued_epoch < self._last_epoch):
             e = self._queued_epoch + 1
             self._queued_epoch = e
-            skip = self._done if e == self._epoch else set()
-            self._queue.extend((e, k) for k in range(self._pieces) if k not in skip)
+            skip = set(self._done) if e == self._epoch else set()
+            if e == self._epoch and self._current is not None:
+                skip.add(self._current)
+            self._queue.extend((e, k, 0, None) for k in range(self._pieces) if k not in skip)
             if self._last_epoch is None:
                 break
 
-    def _window_open(self, key: tuple[int, int]) -> bool:
+    def _window_open(self, key: tuple[int, int, int]) -> bool:
         """In order, pieces run at most a few pieces ahead of the one being taken, so that
         finished pieces waiting for their turn stay bounded."""
         if not self._dp.ordered:
@@ -337,111 +502,145 @@ class DistributedRun:
         self._fill_queue()
         for w in self._workers:
             while self._held(w) < self._dp.depth and self._queue and self._window_open(self._queue[0]):
-                e, k = self._queue.popleft()
-                ref = w.run_piece.remote(e, self._cuts[k], self._cuts[k + 1])
-                self._inflight[ref] = (w, (e, k))
+                e, k, skip, start = self._queue.popleft()
+                begin = self._cuts[k] if start is None else start
+                gen = w.stream_piece.options(num_returns="streaming").remote(
+                    e, begin, self._cuts[k + 1], skip
+                )
+                self._seq += 1
+                self._streams[(e, k)] = _Stream(gen, w, self._seq, skip, start)
                 self._fill_queue()
 
     def _collect(self, timeout: float | None) -> None:
+        """Waits (up to `timeout`) for a running piece's task to finish, and notes every
+        one that did; a task that failed (its worker or node died) is handed out again."""
         ray = self._ray
-        refs = list(self._inflight)
-        if not refs:
+        running = {st.gen.completed(): key for key, st in self._streams.items() if not st.finished}
+        if not running:
             return
-        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        ready, _ = ray.wait(list(running), num_returns=len(running), timeout=timeout)
+        if not ready and timeout:
+            return
         for ref in ready:
-            w, key = self._inflight.pop(ref)
-            try:
-                items, st = ray.get(ref)
-            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
-                # The worker (or its node) died: the piece goes back to the front of the
-                # queue, and a new worker takes the dead one's place, unless workers die
-                # before they finish anything (they cannot start: a function the workers
-                # cannot unpickle, a pipeline that fails to build), which is an error.
-                self._queue.appendleft(key)
-                self._redone += 1
-                if id(w) not in self._finished_by:
-                    self._stillborn += 1
-                    if self._stillborn >= 3:
-                        self.close()
-                        raise RuntimeError(
-                            f"{self._stillborn} worker actors died before finishing a piece "
-                            f"(functions in the pipeline must be importable, or defined in "
-                            f"__main__, on every node): {e}"
-                        ) from e
-                self._replace(w, e)
+            key = running[ref]
+            st = self._streams.get(key)
+            if st is None:
                 continue
+            try:
+                ray.get(ref)
+            except _lost() as e:
+                self._fail(key, e)
+                continue
+            except Exception:  # noqa: BLE001 - the pipeline's own error: raised at its item
+                pass
+            st.finished = True
             self._stillborn = 0
-            self._finished_by.add(id(w))
-            self._ready[key] = items
-            self._worker_s += st["seconds"]
+            self._finished_by.add(id(st.worker))
         self._reap()
 
-    def _replace(self, dead: Any, why: BaseException) -> None:
-        for ref, (w, key) in list(self._inflight.items()):
-            if w is dead:
-                # Its other pieces fail too; hand them out again now.
-                del self._inflight[ref]
-                self._queue.appendleft(key)
-                self._redone += 1
+    def _fail(self, key: tuple[int, int], e: BaseException) -> None:
+        """The piece's worker (or node) died: the piece goes back to the front of the
+        queue, to skip what the consumer already took from it, and a new worker takes the
+        dead one's place, unless workers die before they finish anything (they cannot
+        start: a function the workers cannot unpickle, a pipeline that fails to build),
+        which is an error."""
+        st = self._streams.pop(key)
+        self._queue.appendleft((key[0], key[1], st.skip + st.taken, st.start))
+        self._redone += 1
+        if self._cur is st:
+            self._cur = None
+        dead = st.worker
+        if id(dead) not in self._finished_by and dead in self._workers + self._retiring:
+            self._stillborn += 1
+            if self._stillborn >= 3:
+                self.close()
+                raise RuntimeError(
+                    f"{self._stillborn} worker actors died before finishing a piece "
+                    f"(functions in the pipeline must be importable, or defined in "
+                    f"__main__, on every node): {e}"
+                ) from e
         if dead in self._workers:
-            i = self._workers.index(dead)
-            self._workers[i] = self._new_worker()
+            self._workers[self._workers.index(dead)] = self._new_worker()
         elif dead in self._retiring:
             self._retiring.remove(dead)
 
     def _next_key(self) -> tuple[int, int] | None:
-        """The piece to take next: in order, the first not done of the epoch; else any
-        finished one (of the earliest epoch)."""
-        if self._resume_piece is not None:
-            return self._resume_piece
-        if self._dp.ordered:
-            for k in range(self._pieces):
-                if k not in self._done:
-                    return (self._epoch, k)
-            return None
-        ready = sorted(key for key in self._ready if key[0] == self._epoch)
-        if ready:
-            return ready[0]
-        return None if len(self._done) >= self._pieces else (self._epoch, -1)
+        """The piece to take next: in order, the first not done of the epoch; else one of
+        the epoch's running pieces, one with an item ready first, else the earliest
+        handed out."""
+        if self._dp.ordered or self._current is not None:
+            k = self._current
+            if k is None:
+                k = next((k for k in range(self._pieces) if k not in self._done), None)
+            return None if k is None else (self._epoch, k)
+        mine = [(st.seq, key) for key, st in self._streams.items() if key[0] == self._epoch]
+        ready = [(seq, key) for seq, key in mine if self._streams[key].gen.next_ready()]
+        pick = min(ready or mine, default=None)
+        return None if pick is None else pick[1]
 
     def __iter__(self) -> DistributedRun:
         return self
 
     def __next__(self) -> dict[str, Any]:
+        ray = self._ray
         while True:
-            if self._items:
-                self._taken += 1
-                item = self._items.popleft()
-                if not self._items:
-                    self._finish_piece()
-                return item
             if self._exhausted:
                 raise StopIteration
-            if len(self._done) >= self._pieces:
-                if self._last_epoch is not None and self._epoch >= self._last_epoch:
-                    self._exhausted = True
-                    self._shutdown()
-                    raise StopIteration
-                self._epoch += 1
-                self._done = set()
-                continue
-            key = self._next_key()
-            if key is not None and key[1] >= 0 and key in self._ready:
-                items = self._ready.pop(key)
-                skip = self._taken if key == self._resume_piece else 0
-                self._resume_piece = None
-                self._current = key[1]
-                self._taken = skip
-                self._items = collections.deque(items[skip:])
-                if not self._items:
-                    self._finish_piece()
+            if self._cur is None:
+                if len(self._done) >= self._pieces:
+                    if self._last_epoch is not None and self._epoch >= self._last_epoch:
+                        self._exhausted = True
+                        self._shutdown()
+                        raise StopIteration
+                    self._epoch += 1
+                    self._done = set()
+                    continue
+                # Between pieces: note the tasks that finished, decide the worker count,
+                # hand out pieces.
+                self._collect(0)
                 self._tune()
+                self._dispatch()
+                key = self._next_key()
+                st = self._streams.get(key) if key is not None else None
+                if st is None:
+                    self._wait()
+                    continue
+                if self._current != key[1]:
+                    self._current, self._taken = key[1], 0
+                self._cur = st
+                self._offset = st.start
+            st = self._cur
+            if not st.gen.next_ready() and not st.gen.is_finished():
+                # Its next item is not made yet: hand out pieces, note finished ones.
+                self._wait(0.01)
                 continue
-            self._tune()
-            self._dispatch()
-            t0 = time.perf_counter()
-            self._collect(timeout=min(1.0, self._dp.tune_s))
-            self._wait_s += time.perf_counter() - t0
+            try:
+                ref = next(st.gen)
+            except StopIteration:
+                self._streams.pop((self._epoch, self._current), None)
+                self._cur = None
+                self._finish_piece()
+                self._reap()
+                continue
+            try:
+                item = ray.get(ref)
+            except _lost() as e:
+                self._fail((self._epoch, self._current), e)
+                continue
+            if isinstance(item, dict) and PIECE_END in item:
+                self._worker_s += item[PIECE_END]["seconds"]
+                self._finished_by.add(id(st.worker))
+                continue
+            st.taken += 1
+            self._taken += 1
+            return item
+
+    def _wait(self, timeout: float | None = None) -> None:
+        self._tune()
+        self._dispatch()
+        t0 = time.perf_counter()
+        self._collect(timeout=min(1.0, self._dp.tune_s) if timeout is None else timeout)
+        self._wait_s += time.perf_counter() - t0
 
     def _finish_piece(self) -> None:
         assert self._current is not None
@@ -449,6 +648,7 @@ class DistributedRun:
         self._pieces_done += 1
         self._current = None
         self._taken = 0
+        self._offset = None
 
     def _tune(self) -> None:
         """``workers="auto"``: every ``tune_s``, from the consumer's wait since the last
@@ -471,6 +671,8 @@ class DistributedRun:
         busy = (self._worker_s - b0) / ((now - t0) * max(1, n))
         why = None
         cap = dp.max_workers if dp.max_workers is not None else 1 << 16
+        # Pieces made ahead of the one being read: the workers are ahead of the consumer.
+        ahead = any(st.finished and st is not self._cur for st in self._streams.values())
         if waited > AUTO_UP and n < cap and busy < AUTO_BUSY:
             # The consumer waited, but not on busy workers (a stall elsewhere: a worker
             # starting, the machine, Ray's transport): more workers would not help.
@@ -491,7 +693,7 @@ class DistributedRun:
                 self._target = n + 1
             else:
                 self._note_scaling(n, f"wanted a worker more (waited {waited:.0%}): no CPU free")
-        elif waited < AUTO_DOWN and self._ready and n > dp.min_workers:
+        elif waited < AUTO_DOWN and ahead and n > dp.min_workers:
             self._hot = 0
             self._calm += 1
             if self._calm >= 2:
@@ -528,6 +730,7 @@ class DistributedRun:
             "done": sorted(self._done),
             "current": self._current,
             "taken": self._taken,
+            "offset": self._offset if self._current is not None else None,
         }
 
     def stats(self) -> dict[str, Any]:
@@ -539,7 +742,7 @@ class DistributedRun:
             "piece": self._piece,
             "pieces_done": self._pieces_done,
             "pieces_redone": self._redone,
-            "in_flight": len(self._inflight),
+            "in_flight": len(self._streams),
             "epoch": self._epoch,
             "elapsed_s": time.perf_counter() - self._started,
             "consumer_wait_s": self._wait_s,
@@ -569,7 +772,7 @@ class DistributedRun:
                 self._ray.kill(w)
             except Exception:  # noqa: BLE001 - a worker already gone
                 pass
-        self._workers, self._retiring, self._inflight = [], [], {}
+        self._workers, self._retiring, self._streams, self._cur = [], [], {}, None
 
     def close(self) -> None:
         """Stops the workers (a run iterated to its end stops them itself)."""

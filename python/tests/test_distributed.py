@@ -126,6 +126,45 @@ def test_resume_at_random_points_with_another_worker_count(cluster):
         assert head + [view(b) for b in resumed] == want, k
 
 
+def test_a_distributed_state_resumes_locally_and_a_local_one_on_ray(cluster):
+    p = pipeline(n=96, batch=8, epochs=2)
+    want = local(p)
+    for k in (3, 7, 12, 17):
+        # Ray -> this machine -> Ray.
+        run = p.distribute(2, piece=16, cpus_per_worker=0.5).run()
+        got = [view(next(run)) for _ in range(k)]
+        state = run.state_dict()
+        run.close()
+        here = p.resume(state)
+        got += [view(next(here)) for _ in range(2)]
+        back = p.distribute(1, cpus_per_worker=0.5).resume(here.state_dict())
+        here.close()
+        assert got + [view(b) for b in back] == want, k
+        # This machine -> Ray, at a position inside a piece (batch 5 is inside the third
+        # piece of 16 samples) or at its start.
+        r = p.run()
+        head = [view(next(r)) for _ in range(k)]
+        state = r.state_dict()
+        r.close()
+        rest = p.distribute(2, piece=16, cpus_per_worker=0.5).resume(state)
+        assert head + [view(b) for b in rest] == want, k
+    # A shuffle the optimizer turns into a permutation of the objects holds nothing: the
+    # same items on Ray, and its local state resumes there.
+    q = stoker.from_samples(samples(96)).map("random_int", to="r", below=10**6).shuffle(16).batch(8).seed(3)
+    want = local(q)
+    assert [view(b) for b in q.distribute(2, piece=16, cpus_per_worker=0.5)] == want
+    r = q.run()
+    head = [view(next(r)) for _ in range(5)]
+    assert head + [view(b) for b in q.distribute(1, piece=16, cpus_per_worker=0.5).resume(r.state_dict())] == want
+    # A local state that holds samples in a stage (a shuffle of batches) cannot be cut into
+    # pieces.
+    q = stoker.from_samples(samples(96)).batch(8).shuffle(4).seed(3)
+    r = q.run()
+    next(r)
+    with pytest.raises(ValueError, match="holds samples in a stage .shuffle"):
+        q.distribute(1, piece=16).resume(r.state_dict())
+
+
 def test_pieces_as_they_finish_give_each_sample_once(cluster):
     p = pipeline(n=128, epochs=2, fn=slow)
     want = local(p)
