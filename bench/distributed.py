@@ -97,7 +97,7 @@ def child(a: argparse.Namespace) -> None:
         import ray
 
         cpus = 1 if a.group == "offload" else a.cores
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     out["startup_s"] = time.perf_counter() - t0
     if a.contender == "raydata":
         it = raydata_batches(a)

@@ -363,7 +363,9 @@ class DistributedRun:
         ray = _ray()
         self._ray = ray
         if not ray.is_initialized():
-            ray.init(address=dp.address, ignore_reinit_error=True, log_to_driver=False)
+            # None: a Ray of this machine started here ("local"), not Ray's own default of
+            # joining whatever cluster a file in /tmp names (a dead one, after a crash).
+            ray.init(address=dp.address or "local", ignore_reinit_error=True, log_to_driver=False)
         self._dp = dp
         p = dp.pipeline
         epochs, first, batches, _ = p._p.shape()

@@ -314,7 +314,7 @@ class Service:
         if piece is not None and piece < 1:
             raise ValueError(f"piece must be at least 1, not {piece}")
         if not ray.is_initialized():
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            ray.init(address=address or "local", ignore_reinit_error=True, log_to_driver=False)
         self.name = name
         cls = ray.remote(_Coordinator)
         self._actor = cls.options(
