@@ -15,6 +15,9 @@ normalise, batches of 64, over `stoker demo`'s JPEGs as a local ImageFolder):
   the iterator's creation (Ray's start is reported apart, as `startup_s`: a cluster is
   normally up already), time to the first batch, peak RSS and PSS of the whole process tree
   (Ray's GCS, raylet and workers included).
+  `tfservice`: the same pipeline in tf.data (decode_jpeg, sample_distorted_bounding_box +
+  resize, flip, normalise, batch 64) run by tf.data service, a dispatcher and `--workers`
+  worker servers in the child process, `distributed_epoch`.
 - `offload`: a trainer pinned to core 0, doing `--step-ms` of CPU work per batch (a
   simulated training step); its input either `local` (the pipeline in the trainer, on core
   0 too) or `ray` (one worker actor on core 1). Steps per second, both ways.
@@ -101,6 +104,8 @@ def child(a: argparse.Namespace) -> None:
     out["startup_s"] = time.perf_counter() - t0
     if a.contender == "raydata":
         it = raydata_batches(a)
+    elif a.contender == "tfservice":
+        it = tfservice_batches(a)
     else:
         import stoker
 
@@ -159,6 +164,39 @@ def raydata_batches(a: argparse.Namespace):
         yield from ds.iter_torch_batches(batch_size=64)
 
 
+def tfservice_batches(a: argparse.Namespace):
+    """The same pipeline in tf.data, run by tf.data service: a dispatcher and `--workers`
+    worker servers in this process (tensorflow-cpu ships them), the files split among the
+    workers (`distributed_epoch`), every map AUTOTUNEd."""
+    import tensorflow as tf
+
+    svc = tf.data.experimental.service
+    dispatcher = svc.DispatchServer(svc.DispatcherConfig(port=0))
+    address = dispatcher.target.split("://")[1]
+    workers = [svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address, port=0)) for _ in range(a.workers)]
+    mean = tf.constant([0.485, 0.456, 0.406])
+    std = tf.constant([0.229, 0.224, 0.225])
+
+    def load(path):
+        img = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            tf.shape(img), tf.zeros([1, 0, 4]), area_range=(0.08, 1.0),
+            aspect_ratio_range=(3 / 4, 4 / 3), use_image_if_no_bounding_boxes=True,
+        )
+        img = tf.image.resize(tf.slice(img, begin, size), [224, 224])
+        img = tf.image.random_flip_left_right(img)
+        return (img / 255.0 - mean) / std
+
+    files = tf.data.Dataset.list_files(f"{a.root}/*/*.jpg", shuffle=True, seed=42)
+    ds = files.repeat(a.epochs).map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(64)
+    ds = ds.prefetch(tf.data.AUTOTUNE).apply(
+        svc.distribute(processing_mode="distributed_epoch", service=dispatcher.target)
+    )
+    for b in ds:
+        yield {"image": b}
+    del workers
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=2000)
@@ -168,7 +206,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2, help="worker actors in the overhead group")
     ap.add_argument("--step-ms", type=float, default=60.0, help="the offload group's training step")
     ap.add_argument("--offload-images", type=int, default=2000)
-    ap.add_argument("--only", default="", help="contenders to run (local,ray,raydata)")
+    ap.add_argument("--only", default="", help="contenders to run (local,ray,raydata,tfservice)")
     ap.add_argument("--groups", default="overhead,offload")
     ap.add_argument("--python", type=Path, default=Path(sys.executable))
     ap.add_argument("--data-dir", type=Path, default=Path("/tmp/stoker-bench-data/profile"))
@@ -206,7 +244,7 @@ def main() -> int:
     only = set(filter(None, a.only.split(",")))
     groups = []
     for g in a.groups.split(","):
-        cs = ["local", "ray", "raydata"] if g == "overhead" else ["local", "ray"]
+        cs = ["local", "ray", "raydata", "tfservice"] if g == "overhead" else ["local", "ray"]
         cs = [c for c in cs if not only or c in only]
         if cs:
             groups.append((g, cs))
