@@ -531,6 +531,15 @@ class Pipeline:
             address=address,
         )
 
+    def to_ray_data(self, *, epoch: int | None = None, piece: int | None = None) -> Any:
+        """One epoch of this pipeline (its first, or ``epoch``) as a ``ray.data.Dataset``:
+        each read task runs a piece of the epoch's order with the Stoker engine, and each of
+        the pipeline's batches becomes a block (its fields the columns), for Ray Data's own
+        transformations and consumers. Needs Ray; see ``docs/distributed.md``."""
+        from .raydata import to_ray_data
+
+        return to_ray_data(self, epoch=epoch, piece=piece)
+
     def epoch_len(self) -> int:
         """The length of each epoch's order (what :meth:`span` cuts), from the listing:
         the objects (or samples in memory), or the shards of a format of many records."""

@@ -58,7 +58,7 @@ def _ray() -> Any:
     except ImportError as e:
         raise ImportError(
             f"Pipeline.distribute runs on Ray, an optional dependency that is not installed: "
-            f"{EXTRA} (or pip install 'ray>=2.9')"
+            f"{EXTRA} (or pip install 'ray[data]>=2.9')"
         ) from e
     return ray
 

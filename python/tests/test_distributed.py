@@ -294,6 +294,19 @@ def test_a_service_split_between_two_consumers_gives_equal_shares_once(cluster):
         next(stoker.service.attach("split-test", 0))
 
 
+def test_a_pipeline_as_a_ray_data_dataset(cluster):
+    p = pipeline(n=100, epochs=1)
+    want = sorted((k, r) for keys, rs in local(p) for k, r in zip(keys, rs))
+    ds = p.to_ray_data(piece=16)
+    rows = ds.take_all()
+    assert sorted((row["__key__"], int(row["r"])) for row in rows) == want
+    # Ray Data's own transformations on it.
+    doubled = ds.map_batches(lambda b: {"r2": b["r"] * 2}, batch_format="numpy").sum("r2")
+    assert doubled == 2 * sum(r for _, r in want)
+    with pytest.raises(ValueError, match="batch the pipeline"):
+        stoker.from_samples(samples(3)).to_ray_data()
+
+
 def _explode():
     raise RuntimeError("this function cannot be rebuilt in a worker")
 
