@@ -111,21 +111,56 @@ def _lost() -> tuple[type[BaseException], ...]:
     return tuple(getattr(x, n) for n in names if hasattr(x, n))
 
 
-def _default_piece(ray: Any, dp: DistributedPipeline, n: int, one_each: bool, batches: list[int]) -> int:
-    """About four pieces per worker at the most workers the run may have; whole batches
-    for formats of one sample per object (so the pieces' batches are the local run's)."""
-    most = dp.max_workers
-    if most is None:
-        cpus = ray.cluster_resources().get("CPU", 1.0)
-        most = max(dp.workers, int(cpus // dp.cpus_per_worker))
-    piece = max(1, math.ceil(n / (4 * most)))
+def piece_size(n: int, workers: int, one_each: bool, batches: list[int]) -> int:
+    """About four pieces per worker; whole batches for formats of one sample per object
+    (so the pieces' batches are the local run's)."""
+    piece = max(1, math.ceil(n / (4 * max(1, workers))))
     if one_each and batches:
         b = batches[0]
         piece = max(b, piece // b * b)
     return piece
 
 
-def local_to_distributed(p: Pipeline, state: Mapping[str, Any], piece: int) -> dict[str, Any]:
+def _default_piece(ray: Any, dp: DistributedPipeline, n: int, one_each: bool, batches: list[int]) -> int:
+    """`piece_size` at the most workers the run may have."""
+    most = dp.max_workers
+    if most is None:
+        cpus = ray.cluster_resources().get("CPU", 1.0)
+        most = max(dp.workers, int(cpus // dp.cpus_per_worker))
+    return piece_size(n, most, one_each, batches)
+
+
+def cuts(n: int, piece: int) -> list[int]:
+    """Where the pieces of an epoch of `n` entries begin, and its end."""
+    return list(range(0, n, piece)) + [n] if n else [0, 0]
+
+
+def make_state(
+    n: int, piece: int, epoch: int, done: Any, current: int | None, taken: int, offset: int | None
+) -> dict[str, Any]:
+    """A distributed run's position (what `state_dict()` returns)."""
+    return {
+        "version": STATE_VERSION,
+        "kind": "distributed",
+        "n": n,
+        "piece": piece,
+        "epoch": epoch,
+        "done": sorted(done),
+        "current": current,
+        "taken": taken,
+        "offset": offset if current is not None else None,
+    }
+
+
+def check_state(s: Mapping[str, Any], n: int) -> None:
+    """Refuses what is not a distributed run's state of an epoch of `n` entries."""
+    if s.get("version") != STATE_VERSION or s.get("kind") != "distributed":
+        raise ValueError("not a state of a distributed run (or of another version)")
+    if s["n"] != n:
+        raise ValueError(f"the state is of an epoch of {s['n']} entries, this pipeline's has {n}")
+
+
+def local_to_distributed(p: Pipeline, local: Mapping[str, Any], piece: int) -> dict[str, Any]:
     """A local run's ``state_dict()`` as a distributed run's, pieces of ``piece``: the
     pieces before the local run's position are done, and the one it is in begins at that
     position. Between items of a pipeline whose stages hold no sample at that point (no
@@ -138,30 +173,21 @@ def local_to_distributed(p: Pipeline, state: Mapping[str, Any], piece: int) -> d
             "(files, imagefolder, samples in memory): for record formats a local position "
             "is inside a shard"
         )
-    cursor = state.get("cursor") or {}
-    held = [st.get("kind", "?") for st in state.get("stages", []) if any(v for k, v in st.items() if k != "kind")]
+    cursor = local.get("cursor") or {}
+    held = [st.get("kind", "?") for st in local.get("stages", []) if any(v for k, v in st.items() if k != "kind")]
     if cursor.get("slots") or held:
         raise ValueError(
             f"this local state holds samples in a stage ({', '.join(held) or 'the source'}): "
             "it resumes on Ray only between batches of a pipeline without a shuffle buffer "
             "or pack; resume it locally, or take the state at a batch boundary"
         )
-    at, epoch = int(cursor["next"]), int(state["epoch"])
-    cuts = list(range(0, n, piece)) + [n]
+    at, epoch = int(cursor["next"]), int(local["epoch"])
+    c = cuts(n, piece)
     if at >= n:
         epoch, at = epoch + 1, 0
-    k = max(i for i in range(len(cuts) - 1) if cuts[i] <= at) if n else 0
-    return {
-        "version": STATE_VERSION,
-        "kind": "distributed",
-        "n": n,
-        "piece": piece,
-        "epoch": epoch,
-        "done": list(range(k)),
-        "current": None if at == cuts[k] else k,
-        "taken": 0,
-        "offset": None if at == cuts[k] else at,
-    }
+    k = max(i for i in range(len(c) - 1) if c[i] <= at) if n else 0
+    inside = at != c[k]
+    return make_state(n, piece, epoch, range(k), k if inside else None, 0, at if inside else None)
 
 
 class LocalPieceRun:
@@ -171,15 +197,12 @@ class LocalPieceRun:
     distributed one, so the run can go back to Ray."""
 
     def __init__(self, p: Pipeline, state: Mapping[str, Any]) -> None:
-        if state.get("version") != STATE_VERSION or state.get("kind") != "distributed":
-            raise ValueError("not a state of a distributed run (or of another version)")
         n, _ = p._p.epoch_len()
-        if state["n"] != n:
-            raise ValueError(f"the state is of an epoch of {state['n']} entries, this pipeline's has {n}")
+        check_state(state, n)
         epochs, first, _, _ = p._p.shape()
         self._p = p
         self._n, self._piece = n, state["piece"]
-        self._cuts = list(range(0, n, self._piece)) + [n] if n else [0, 0]
+        self._cuts = cuts(n, self._piece)
         self._last = None if epochs is None else first + epochs - 1
         self._epoch = state["epoch"]
         self._done = set(state["done"])
@@ -226,17 +249,7 @@ class LocalPieceRun:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the run is, as a distributed run's state (it resumes on Ray or here)."""
-        return {
-            "version": STATE_VERSION,
-            "kind": "distributed",
-            "n": self._n,
-            "piece": self._piece,
-            "epoch": self._epoch,
-            "done": sorted(self._done),
-            "current": self._current,
-            "taken": self._taken,
-            "offset": self._offset if self._current is not None else None,
-        }
+        return make_state(self._n, self._piece, self._epoch, self._done, self._current, self._taken, self._offset)
 
     def close(self) -> None:
         if self._run is not None:
@@ -376,17 +389,12 @@ class DistributedRun:
         if state is not None and "cursor" in state:
             state = local_to_distributed(p, state, piece)
         if state is not None:
-            if state.get("version") != STATE_VERSION or state.get("kind") != "distributed":
-                raise ValueError("not a state of a distributed run (or of another version)")
-            if state["n"] != n:
-                raise ValueError(
-                    f"the state is of an epoch of {state['n']} entries, this pipeline's has {n}"
-                )
+            check_state(state, n)
             piece = state["piece"]
         if piece is None:
             piece = _default_piece(ray, dp, n, one_each, batches)
         self._n, self._piece = n, piece
-        self._cuts = list(range(0, n, piece)) + [n] if n else [0, 0]
+        self._cuts = cuts(n, piece)
         self._pieces = len(self._cuts) - 1
         self._last_epoch = None if epochs is None else first + epochs - 1
         # Where the consumer is: the epoch, the pieces of it done, the piece being taken
@@ -723,17 +731,7 @@ class DistributedRun:
         """Where the run is: the epoch, its pieces done, the piece being taken and the
         items taken from it. :meth:`DistributedPipeline.resume` continues from it exactly,
         with any number of workers."""
-        return {
-            "version": STATE_VERSION,
-            "kind": "distributed",
-            "n": self._n,
-            "piece": self._piece,
-            "epoch": self._epoch,
-            "done": sorted(self._done),
-            "current": self._current,
-            "taken": self._taken,
-            "offset": self._offset if self._current is not None else None,
-        }
+        return make_state(self._n, self._piece, self._epoch, self._done, self._current, self._taken, self._offset)
 
     def stats(self) -> dict[str, Any]:
         """Workers, pieces done and handed out again, the consumer's wait."""

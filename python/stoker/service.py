@@ -26,12 +26,11 @@ gets a piece only once it is whole.
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .distributed import _ray
+from .distributed import _ray, cuts, piece_size
 
 if TYPE_CHECKING:
     from . import Pipeline
@@ -92,11 +91,8 @@ class _Coordinator:
                     'mode="split" needs a format of one sample per object (files, '
                     'imagefolder, samples in memory); use mode="shared" or the rank split'
                 )
-            size = piece or max(1, math.ceil(n / (4 * max(1, workers))))
-            if one_each and batches:
-                b = batches[0]
-                size = max(b, size // b * b)
-            self._cuts.append(list(range(0, n, size)) + [n] if n else [0, 0])
+            size = piece or piece_size(n, workers, one_each, batches)
+            self._cuts.append(cuts(n, size))
         self._lock = threading.Condition()
         # (stream, epoch, index) -> (status ref, items ref, worker) while running;
         # -> items ref once made.
