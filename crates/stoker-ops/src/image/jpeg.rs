@@ -485,13 +485,10 @@ pub(crate) fn regions(
                         h: y1 - y0,
                     }
                 }
-                // Unknown sampling: whole rows.
-                None => JpegRegion {
-                    x: 0,
-                    y: y0,
-                    w: sw,
-                    h: y1 - y0,
-                },
+                // Unknown sampling: libjpeg-turbo refuses any cropping region ("Could not
+                // determine subsampling level", found by fuzz/image_decode), rows too:
+                // decode it all, then cut.
+                None => full,
             };
             (want, superset)
         }
