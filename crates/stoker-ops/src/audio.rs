@@ -42,6 +42,7 @@ mod fastmath;
 mod headers;
 mod resample;
 mod spectral;
+mod vocoder;
 
 pub use augment::{FrequencyMasking, RandomTimeStretch, TimeMasking, TimeStretch};
 pub use decode::{

@@ -4,7 +4,7 @@
 use stoker_core::rng::Rng;
 use stoker_core::{DType, Error, Tensor};
 
-use super::{f32_tensor, fastmath};
+use super::{f32_tensor, vocoder};
 
 /// Refuse outputs with more elements than this.
 const MAX_ELEMENTS: u64 = 1 << 28;
@@ -105,33 +105,13 @@ impl TimeStretch {
                 (s as usize, s % 1.0)
             })
             .collect();
-        let two_pi = (2.0 * std::f64::consts::PI) as f32;
         let mut out = vec![0.0f32; batch * f * t_out * 2];
-        // Angle and magnitude of every input frame of a bin, computed once (each is used by
-        // up to two output frames), with the two zero frames torchaudio pads at the end.
-        let mut angle = vec![0.0f32; t + 2];
-        let mut norm = vec![0.0f32; t + 2];
-        for b in 0..batch {
-            for (k, &adv) in advance.iter().enumerate() {
-                let src = &data[(b * f + k) * t * 2..(b * f + k + 1) * t * 2];
-                for (j, z) in src.chunks_exact(2).enumerate() {
-                    angle[j] = fastmath::atan2(z[1], z[0]);
-                    norm[j] = fastmath::hypot(z[0], z[1]);
-                }
-                // Accumulated in f64 like torch's CPU cumsum, stored as f32.
-                let mut acc = angle[0] as f64;
-                let dst = &mut out[(b * f + k) * t_out * 2..(b * f + k + 1) * t_out * 2];
-                for (o, &(j, alpha)) in dst.chunks_exact_mut(2).zip(&steps) {
-                    let mag = alpha * norm[j + 1] + (1.0 - alpha) * norm[j];
-                    let (sin, cos) = fastmath::sin_cos(acc as f32);
-                    o[0] = mag * cos;
-                    o[1] = mag * sin;
-                    // The increment that leads to the next output frame.
-                    let mut d = angle[j + 1] - angle[j] - adv;
-                    d -= two_pi * fastmath::round_even_f32(d / two_pi);
-                    acc += (d + adv) as f64;
-                }
-            }
+        // The vectorised kernel rounds a bin's phase step with the `f32` magic constant,
+        // exact while it stays below 2^22 turns; a hop that large takes the scalar kernel.
+        if (end as f64) < (1u64 << 20) as f64 {
+            vocoder::rows(&data, &mut out, t, t_out, &advance, &steps);
+        } else {
+            vocoder::rows_scalar(&data, &mut out, t, t_out, &advance, &steps);
         }
         let mut out_shape = shape.to_vec();
         let n = out_shape.len();

@@ -14,7 +14,7 @@ const TAN_PI_8: f64 = 0.414_213_562_373_095_03;
 /// `atan(u)` for `|u| <= tan(pi / 8)`: the Taylor series `u - u^3/3 + u^5/5 - ...` to
 /// `u^23` (the next term is below 1e-11 there), by Horner's rule in `u^2`.
 #[inline(always)]
-fn atan_small(u: f64) -> f64 {
+pub(crate) fn atan_small(u: f64) -> f64 {
     const A: [f64; 12] = {
         let mut a = [0.0; 12];
         let mut k = 0;
@@ -88,15 +88,17 @@ pub(crate) fn round_even_f32(v: f32) -> f32 {
 const PIO2_HI: f64 = f64::from_bits(0x3FF9_21FB_5440_0000);
 const PIO2_LO: f64 = f64::from_bits(0x3DD0_B461_1A62_6331);
 
-/// `x.sin_cos()` (see the module documentation): reduced by multiples of `pi / 2` (exact
-/// for `|x| < 1e6`), then the Taylor series of both on `[-pi/4, pi/4]`.
+/// `round_even_f64` for `|v| < 2^51`, without its branch.
 #[inline(always)]
-pub(crate) fn sin_cos(x: f32) -> (f32, f32) {
-    if x.is_nan() || x.abs() >= 1.0e6 {
-        return x.sin_cos();
-    }
-    let x = x as f64;
-    let n = round_even_f64(x * FRAC_2_PI);
+pub(crate) fn round_magic_f64(v: f64) -> f64 {
+    const M: f64 = 6_755_399_441_055_744.0;
+    (v + M) - M
+}
+
+/// Sine and cosine of `x - n pi / 2` (`n` the nearest integer to `x 2 / pi`, `|x| < 1e6`):
+/// the reduction, then the Taylor series of both on `[-pi/4, pi/4]`.
+#[inline(always)]
+pub(crate) fn sin_cos_reduced(x: f64, n: f64) -> (f64, f64) {
     let r = (x - n * PIO2_HI) - n * PIO2_LO;
     let z = r * r;
     let s = r + r
@@ -113,6 +115,19 @@ pub(crate) fn sin_cos(x: f32) -> (f32, f32) {
                     + z * (1.0 / 40_320.0
                         + z * (-1.0 / 3_628_800.0
                             + z * (1.0 / 479_001_600.0 + z * (-1.0 / 87_178_291_200.0)))))));
+    (s, c)
+}
+
+/// `x.sin_cos()` (see the module documentation): reduced by multiples of `pi / 2` (exact
+/// for `|x| < 1e6`), then the Taylor series of both on `[-pi/4, pi/4]`.
+#[inline(always)]
+pub(crate) fn sin_cos(x: f32) -> (f32, f32) {
+    if x.is_nan() || x.abs() >= 1.0e6 {
+        return x.sin_cos();
+    }
+    let x = x as f64;
+    let n = round_even_f64(x * FRAC_2_PI);
+    let (s, c) = sin_cos_reduced(x, n);
     let (s, c) = match (n as i64) & 3 {
         0 => (s, c),
         1 => (c, -s),

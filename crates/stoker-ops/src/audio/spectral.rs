@@ -1,7 +1,7 @@
 //! STFT, spectrograms, mel filterbanks and decibels, as torchaudio computes them.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use realfft::num_complex::Complex;
 use realfft::{RealFftPlanner, RealToComplex};
@@ -430,6 +430,12 @@ pub fn melscale_fbanks(
     Ok(fb)
 }
 
+/// A mel filter bank as each band's non-zero `(bin, weight)` pairs.
+type Bands = Vec<Vec<(usize, f32)>>;
+
+/// Filter banks kept for the process (a pipeline uses one or two settings).
+const MAX_CACHED_BANDS: usize = 16;
+
 /// Mel projection of a spectrogram (operator `mel_scale`), as
 /// `torchaudio.transforms.MelScale`.
 #[derive(Debug, Clone, PartialEq)]
@@ -498,6 +504,43 @@ impl MelScale {
         )
     }
 
+    /// Each band's non-zero filter weights, `(bin, weight)` in bin order (each triangle
+    /// covers a run of bins; the zeros elsewhere add nothing). Built once per setting and
+    /// shape for the whole process: the filters cost far more to compute than to apply.
+    fn bands(&self, n_freqs: usize, sample_rate: u32) -> Result<Arc<Bands>, Error> {
+        type Key = (usize, u64, Option<u64>, usize, u32, MelNorm, MelScaleKind);
+        static CACHE: Mutex<Vec<(Key, Arc<Bands>)>> = Mutex::new(Vec::new());
+        let key = (
+            n_freqs,
+            self.f_min.to_bits(),
+            self.f_max.map(f64::to_bits),
+            self.n_mels,
+            sample_rate,
+            self.norm,
+            self.scale,
+        );
+        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, b)) = cache.iter().find(|(k, _)| *k == key) {
+            return Ok(b.clone());
+        }
+        let fb = self.fbanks(n_freqs, sample_rate)?;
+        let m_n = self.n_mels;
+        let bands: Bands = (0..m_n)
+            .map(|m| {
+                (0..n_freqs)
+                    .map(|k| (k, fb[k * m_n + m]))
+                    .filter(|&(_, w)| w != 0.0)
+                    .collect()
+            })
+            .collect();
+        let bands = Arc::new(bands);
+        if cache.len() >= MAX_CACHED_BANDS {
+            cache.remove(0);
+        }
+        cache.push((key, bands.clone()));
+        Ok(bands)
+    }
+
     /// `[C, n_mels, T]` from an `f32` `[C, F, T]` (or `[F, T]`) spectrogram of audio at
     /// `sample_rate`.
     pub fn apply(&self, spec: &Tensor, sample_rate: u32) -> Result<Tensor, Error> {
@@ -530,18 +573,13 @@ impl MelScale {
         t: usize,
         sample_rate: u32,
     ) -> Result<Vec<f32>, Error> {
-        let fb = self.fbanks(f, sample_rate)?;
+        let bands = self.bands(f, sample_rate)?;
         let m_n = self.n_mels;
         let mut out = vec![0.0f32; c * m_n * t];
-        for m in 0..m_n {
-            // Each triangle covers a run of bins; the zeros elsewhere add nothing.
-            let bins: Vec<(usize, f32)> = (0..f)
-                .map(|k| (k, fb[k * m_n + m]))
-                .filter(|&(_, w)| w != 0.0)
-                .collect();
+        for (m, bins) in bands.iter().enumerate() {
             for ch in 0..c {
                 let dst = &mut out[(ch * m_n + m) * t..(ch * m_n + m + 1) * t];
-                for &(k, w) in &bins {
+                for &(k, w) in bins {
                     let src = &data[(ch * f + k) * t..(ch * f + k + 1) * t];
                     for (d, s) in dst.iter_mut().zip(src) {
                         *d += w * s;
