@@ -507,7 +507,8 @@ def run_child(argv: list[str], env: dict[str, str], timeout: float, *, sample_me
     rusage is its own (not the test server's, also our child).
 
     With `sample_memory`, the summed RSS and PSS of its whole process tree are sampled
-    every `interval` s (peak_rss, peak_pss). A timeout leaves exit status 124 (if it had
+    every `interval` s, or less often where a sample is costly (the sampler uses at most
+    2% of a core) (peak_rss, peak_pss). A timeout leaves exit status 124 (if it had
     none) and a note at the end of stderr. ContenderError if argv cannot be started."""
     import subprocess
 
@@ -524,12 +525,17 @@ def run_child(argv: list[str], env: dict[str, str], timeout: float, *, sample_me
         if sample_memory:
             def sample() -> None:
                 while not done.is_set():
+                    t = time.perf_counter()
                     rss = pss = 0
                     for p in proc_tree(proc.pid):
                         r, s = proc_mem(p)
                         rss, pss = rss + r, pss + s
                     peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
-                    done.wait(interval)
+                    # The kernel walks every page table of the tree for smaps_rollup: for
+                    # Ray's processes (each mapping the object store) one sample costs
+                    # milliseconds, and every 50 ms it took a tenth of 2 cores from the
+                    # contender. At most 2% of a core goes to sampling.
+                    done.wait(max(interval, 50 * (time.perf_counter() - t)))
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()

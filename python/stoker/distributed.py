@@ -33,6 +33,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
+from . import handoff
+
 if TYPE_CHECKING:
     from . import Pipeline
 
@@ -69,19 +71,31 @@ class _Worker:
     def __init__(self, pipeline: Pipeline, threads: int) -> None:
         self._p = pipeline.options(threads=threads)
         self._pieces = 0
+        self._pool = handoff.Pool() if handoff.available() else None
 
     def node(self) -> str:
         import ray
 
         return ray.get_runtime_context().get_node_id()
 
-    def stream_piece(self, epoch: int, start: int, end: int, skip: int) -> Iterator[dict[str, Any]]:
+    def handoff_probe(self) -> dict[str, Any] | None:
+        """Where the consumer checks that it can map this worker's segments
+        (:mod:`stoker.handoff`); None where there are none."""
+        if self._pool is None:
+            return None
+        return {"node": self.node(), **self._pool.probe()}
+
+    def stream_piece(
+        self, epoch: int, start: int, end: int, skip: int, share: bool = False
+    ) -> Iterator[dict[str, Any]]:
         """The piece's items as they are made (a Ray streaming generator), its first
-        `skip` left out, then a last item of its numbers."""
+        `skip` left out, then a last item of its numbers. With `share`, large arrays go in
+        the worker's shared segments (the consumer maps them)."""
         t0 = time.perf_counter()
+        pack = self._pool.pack if share and self._pool is not None else None
         for i, item in enumerate(self._p.first_epoch(epoch).epochs(1).span(start, end).run()):
             if i >= skip:
-                yield item
+                yield item if pack is None else pack(item)
         self._pieces += 1
         yield {PIECE_END: {"seconds": time.perf_counter() - t0, "pieces": self._pieces}}
 
@@ -438,6 +452,12 @@ class DistributedRun:
         self._tune_at = (self._started, 0.0, 0.0)
         self._calm = self._hot = 0
         self._scaling: list[dict[str, Any]] = []
+        # Same-machine handoff of large arrays (stoker.handoff): per worker (by id), its
+        # probe, whether its segments can be mapped here (None until the probe is back),
+        # and its process id.
+        self._maps = handoff.Maps()
+        self._share: dict[int, list[Any]] = {}
+        self._node = ray.get_runtime_context().get_node_id()
         self._scale_to(self._target)
         self._fill_queue()
 
@@ -446,7 +466,33 @@ class DistributedRun:
     def _new_worker(self) -> Any:
         dp = self._dp
         threads = max(1, int(dp.cpus_per_worker))
-        return _actor_class().options(num_cpus=dp.cpus_per_worker).remote(dp.pipeline, threads)
+        w = _actor_class().options(num_cpus=dp.cpus_per_worker).remote(dp.pipeline, threads)
+        self._share[id(w)] = [w.handoff_probe.remote(), None, None]
+        return w
+
+    def _can_share(self, w: Any) -> bool:
+        """Whether `w` may hand large arrays over in its shared segments: once its probe
+        is back, and only where this process can map them (same machine)."""
+        entry = self._share.get(id(w))
+        if entry is None:
+            return False
+        if entry[1] is None:
+            ready, _ = self._ray.wait([entry[0]], timeout=0)
+            if not ready:
+                return False
+            try:
+                probe = self._ray.get(entry[0])
+            except Exception:  # noqa: BLE001 - a worker that died: it shares nothing
+                probe = None
+            entry[1] = bool(probe) and probe["node"] == self._node and self._maps.check(probe)
+            entry[2] = probe["pid"] if probe else None
+        return bool(entry[1])
+
+    def _forget(self, w: Any) -> None:
+        """A worker gone: its segments' mappings go (arrays over them keep theirs)."""
+        entry = self._share.pop(id(w), None)
+        if entry is not None and entry[2] is not None:
+            self._maps.forget(entry[2])
 
     def _scale_to(self, n: int) -> None:
         while len(self._workers) < n:
@@ -479,6 +525,7 @@ class DistributedRun:
             if not any(st.worker is w for st in self._streams.values()):
                 self._retiring.remove(w)
                 self._ray.kill(w)
+                self._forget(w)
 
     # Pieces -----------------------------------------------------------------------------
 
@@ -515,7 +562,7 @@ class DistributedRun:
                 e, k, skip, start = self._queue.popleft()
                 begin = self._cuts[k] if start is None else start
                 gen = w.stream_piece.options(num_returns="streaming").remote(
-                    e, begin, self._cuts[k + 1], skip
+                    e, begin, self._cuts[k + 1], skip, self._can_share(w)
                 )
                 self._seq += 1
                 self._streams[(e, k)] = _Stream(gen, w, self._seq, skip, start)
@@ -571,8 +618,10 @@ class DistributedRun:
                 ) from e
         if dead in self._workers:
             self._workers[self._workers.index(dead)] = self._new_worker()
+            self._forget(dead)
         elif dead in self._retiring:
             self._retiring.remove(dead)
+            self._forget(dead)
 
     def _next_key(self) -> tuple[int, int] | None:
         """The piece to take next: in order, the first not done of the epoch; else one of
@@ -640,6 +689,12 @@ class DistributedRun:
             if isinstance(item, dict) and PIECE_END in item:
                 self._worker_s += item[PIECE_END]["seconds"]
                 self._finished_by.add(id(st.worker))
+                continue
+            try:
+                item = self._maps.unpack(item)
+            except OSError as e:
+                # The worker died before its segment was mapped: as any lost item.
+                self._fail((self._epoch, self._current), e)
                 continue
             st.taken += 1
             self._taken += 1
@@ -773,6 +828,8 @@ class DistributedRun:
             except Exception:  # noqa: BLE001 - a worker already gone
                 pass
         self._workers, self._retiring, self._streams, self._cur = [], [], {}, None
+        self._share.clear()
+        self._maps.close()
 
     def close(self) -> None:
         """Stops the workers (a run iterated to its end stops them itself)."""

@@ -96,6 +96,36 @@ def test_a_worker_killed_mid_epoch_loses_and_repeats_nothing(cluster):
     assert run.stats()["pieces_redone"] >= 1, run.stats()
 
 
+def test_large_arrays_come_through_shared_segments_on_the_consumer_s_node(cluster):
+    # Batches of 2 x 1 MiB: a worker on the consumer's node hands them over in its shared
+    # segments (stoker.handoff: writable arrays, no object-store copy), the other node's
+    # through the object store (read-only). Arrays taken before their worker is killed stay
+    # whole, and nothing is lost or repeated.
+    import numpy as np
+
+    def big(s):
+        s["x"] = np.full((256, 1024), s["i"], dtype=np.float32)
+        return s
+
+    p = (stoker.from_samples(samples(48)).shuffle_shards().map(big, workers="threads")
+         .map("random_int", to="r", below=10**6).batch(2).seed(5).epochs(2))
+    want = local(p)
+    run = p.distribute(2, piece=6, cpus_per_worker=0.5).run()
+    held, got = [], []
+    for b in run:
+        got.append(view(b))
+        held.append(b)
+        if len(got) == 20:
+            ray.kill(run._workers[0], no_restart=True)
+    assert got == want
+    for b in held:
+        assert b["x"].shape == (2, 256, 1024)
+        np.testing.assert_array_equal(b["x"][:, 0, 0], np.asarray(b["i"], dtype=np.float32))
+        assert (b["x"] == b["x"][:, :1, :1]).all()
+    writable = [b["x"].flags.writeable for b in held]
+    assert any(writable), "no batch came through a shared segment"
+
+
 def test_scale_up_and_down_mid_epoch(cluster):
     p = pipeline(n=240, epochs=2, fn=slow)
     want = local(p)

@@ -216,6 +216,8 @@ pub struct Run {
     first_item_s: Option<f64>,
     /// Dropped to stop the timeline's sampler.
     sampler_stop: Option<crossbeam_channel::Sender<()>>,
+    /// Keeps idle batch buffers for this run and the next ([`stoker_core::recycle`]).
+    _buffers: stoker_core::recycle::Hold,
 }
 
 impl std::fmt::Debug for Run {
@@ -528,6 +530,7 @@ impl Run {
             clock: timeline::ConsumerClock::default(),
             first_item_s: None,
             sampler_stop: Some(sampler_stop),
+            _buffers: stoker_core::recycle::GLOBAL.hold(),
         })
     }
 
@@ -646,7 +649,7 @@ impl Drop for Run {
         if let Some(RunRuntime::Own(rt)) = self.runtime.take() {
             rt.shutdown_background();
         }
-        // The batch buffers kept for this run's next batches are not needed any more.
-        stoker_core::recycle::GLOBAL.clear();
+        // The batch buffers kept for this run's batches go a moment after the last run
+        // (the hold's drop, after this).
     }
 }
