@@ -801,7 +801,9 @@ def from_urls(
 def from_spec(spec: Mapping[str, Any] | str | os.PathLike[str], **store_options: Any) -> Pipeline:
     """A pipeline from a spec: a dict, TOML text, or the path of a TOML file (the format of
     ``stoker run PIPELINE.toml``). Keyword store options apply under the spec's own
-    ``[store]`` table, which wins."""
+    ``[store]`` table, which wins. A spec with a ``[distribute]`` table gives the pipeline
+    distributed on Ray, ``Pipeline.distribute(**table)`` (a
+    :class:`stoker.distributed.DistributedPipeline`; docs/distributed.md)."""
     if isinstance(spec, Mapping):
         data = dict(spec)
     elif isinstance(spec, os.PathLike) or (isinstance(spec, str) and _names_a_file(spec)):
@@ -812,8 +814,19 @@ def from_spec(spec: Mapping[str, Any] | str | os.PathLike[str], **store_options:
         data = tomllib.loads(spec)
     else:
         raise TypeError("a spec is a dict, TOML text or the path of a TOML file")
+    dist = data.pop("distribute", None)
     native = _native.Pipeline.from_spec(to_json(data), store_pairs(store_options))
-    return Pipeline(native, (("from_spec", (data,), dict(store_options)),))
+    p = Pipeline(native, (("from_spec", (data,), dict(store_options)),))
+    if dist is None:
+        return p
+    if not isinstance(dist, Mapping):
+        raise ValueError("a spec's [distribute] is a table of Pipeline.distribute's arguments")
+    known = {"workers", "min_workers", "max_workers", "address", "piece", "ordered",
+             "cpus_per_worker", "depth", "tune_s"}
+    unknown = sorted(set(dist) - known)
+    if unknown:
+        raise ValueError(f"[distribute] has no {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    return p.distribute(**dist)  # type: ignore[return-value]
 
 
 def _names_a_file(text: str) -> bool:

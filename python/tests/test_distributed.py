@@ -126,6 +126,32 @@ def test_large_arrays_come_through_shared_segments_on_the_consumer_s_node(cluste
     assert any(writable), "no batch came through a shared segment"
 
 
+def test_a_spec_with_a_distribute_table_is_the_distributed_pipeline(cluster, tmp_path):
+    from stoker.distributed import DistributedPipeline
+
+    for i in range(30):
+        (tmp_path / f"{i:02d}.txt").write_text(f"line {i}")
+    spec = f"""source = "{tmp_path}"
+format = "files"
+seed = 3
+shuffle_shards = true
+[[ops]]
+op = "random_int"
+to = "r"
+below = 1000000
+[[ops]]
+op = "batch"
+size = 4
+"""
+    dist = stoker.from_spec(spec + "[distribute]\nworkers = 2\npiece = 8\ncpus_per_worker = 0.5\n")
+    assert isinstance(dist, DistributedPipeline)
+    assert (dist.workers, dist.piece, dist.cpus_per_worker) == (2, 8, 0.5)
+    want = [(tuple(b["__key__"]), tuple(b["r"].tolist())) for b in stoker.from_spec(spec)]
+    assert [(tuple(b["__key__"]), tuple(b["r"].tolist())) for b in dist] == want
+    with pytest.raises(ValueError, match="no worker "):
+        stoker.from_spec(spec + "[distribute]\nworker = 2\n")
+
+
 def test_scale_up_and_down_mid_epoch(cluster):
     p = pipeline(n=240, epochs=2, fn=slow)
     want = local(p)

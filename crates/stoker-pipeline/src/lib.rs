@@ -57,7 +57,7 @@ pub use plan::{
 };
 pub use profile::{Cause, Profile, Recommendation, Verdict};
 pub use source::{Pos, SourceCursor};
-pub use spec::PipelineSpec;
+pub use spec::{DistributeSpec, PipelineSpec, Workers};
 pub use state::{ItemPos, PipelineState, StageState};
 pub use stats::{
     BatchSlotStats, MemoryStats, OperatorStats, SampleCacheStats, Skipped, StageStats, Stats,

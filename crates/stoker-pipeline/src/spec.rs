@@ -43,6 +43,9 @@
 //!
 //! [store]                            # store options, the same keys as `--option`
 //! endpoint = "http://127.0.0.1:9000"
+//!
+//! [distribute]                       # on Ray worker actors, from Python (docs/distributed.md)
+//! workers = 4                        # or "auto" (with min_workers, max_workers)
 //! ```
 
 use std::collections::BTreeMap;
@@ -103,6 +106,76 @@ pub struct PipelineSpec {
     /// Store options (`endpoint`, `region`, `part_size`, ...).
     #[serde(default)]
     pub store: BTreeMap<String, toml_like::Scalar>,
+    /// `[distribute]`: run on Ray worker actors, as the Python package's
+    /// `Pipeline.distribute(...)` with these arguments (`stoker.from_spec` returns the
+    /// distributed pipeline). The engine itself runs a spec on one machine: `build` ignores
+    /// the table, and `stoker run` refuses a spec that has one unless told `--local`.
+    #[serde(default)]
+    pub distribute: Option<DistributeSpec>,
+}
+
+/// `[distribute]` (see `docs/distributed.md`): the arguments of `Pipeline.distribute`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DistributeSpec {
+    /// Worker actors: a number, or `"auto"`.
+    #[serde(default)]
+    pub workers: Option<Workers>,
+    /// Fewest workers (`"auto"`).
+    #[serde(default)]
+    pub min_workers: Option<u64>,
+    /// Most workers.
+    #[serde(default)]
+    pub max_workers: Option<u64>,
+    /// The Ray cluster to join (default: the one initialised in the process, else a local
+    /// one).
+    #[serde(default)]
+    pub address: Option<String>,
+    /// Entries a piece of the epoch (default: about four pieces a worker).
+    #[serde(default)]
+    pub piece: Option<u64>,
+    /// Yield in the local run's order (default true).
+    #[serde(default)]
+    pub ordered: Option<bool>,
+    /// CPUs a worker reserves (and its engine threads).
+    #[serde(default)]
+    pub cpus_per_worker: Option<f64>,
+    /// Pieces a worker holds at once.
+    #[serde(default)]
+    pub depth: Option<u64>,
+    /// Seconds between `"auto"`'s decisions.
+    #[serde(default)]
+    pub tune_s: Option<f64>,
+}
+
+/// `workers = N` or `workers = "auto"`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Workers {
+    /// This many.
+    Count(u64),
+    /// Scaled from measurements.
+    Auto,
+}
+
+impl<'de> Deserialize<'de> for Workers {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Workers, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Count(u64),
+            Word(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Count(0) => Err(serde::de::Error::custom(
+                "distribute.workers must be at least 1",
+            )),
+            Raw::Count(n) => Ok(Workers::Count(n)),
+            Raw::Word(w) if w == "auto" => Ok(Workers::Auto),
+            Raw::Word(w) => Err(serde::de::Error::custom(format!(
+                "distribute.workers is a number or \"auto\", not {w:?}"
+            ))),
+        }
+    }
 }
 
 fn auto() -> String {

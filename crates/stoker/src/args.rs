@@ -216,6 +216,9 @@ pub struct ProfileArgs {
     /// Print profile.json on stdout instead of the verdict.
     #[arg(long)]
     pub json: bool,
+    /// Profile a spec that has a `[distribute]` table here, on this machine.
+    #[arg(long)]
+    pub local: bool,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -243,6 +246,10 @@ pub struct RunArgs {
     /// Override the spec's worker threads.
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Run a spec that has a `[distribute]` table here, on this machine (its table is
+    /// for Ray, from Python).
+    #[arg(long)]
+    pub local: bool,
     #[command(flatten)]
     pub store: StoreArgs,
 }

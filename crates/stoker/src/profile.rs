@@ -15,6 +15,7 @@ pub async fn profile(a: ProfileArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot read {}", a.spec.display()))?;
     let mut spec: PipelineSpec = toml::from_str(&text)
         .with_context(|| format!("{} is not a pipeline spec", a.spec.display()))?;
+    crate::run::refuse_distributed(&spec, &a.spec, a.local)?;
     if let Some(e) = a.epochs {
         spec.epochs = e;
     }

@@ -118,11 +118,31 @@ pub fn peak_rss_bytes() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
+/// A spec with a `[distribute]` table is run on Ray from Python; here only when told
+/// `--local`.
+pub fn refuse_distributed(
+    spec: &PipelineSpec,
+    path: &std::path::Path,
+    local: bool,
+) -> anyhow::Result<()> {
+    if spec.distribute.is_some() && !local {
+        anyhow::bail!(
+            "{} distributes its work on Ray (its [distribute] table): run it from Python, \
+             where stoker.from_spec({:?}) is the distributed pipeline (Ray comes with \
+             pip install './python[ray]'; docs/distributed.md), or on this machine with --local",
+            path.display(),
+            path.display().to_string()
+        );
+    }
+    Ok(())
+}
+
 pub async fn run(a: RunArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.spec)
         .with_context(|| format!("cannot read {}", a.spec.display()))?;
     let mut spec: PipelineSpec = toml::from_str(&text)
         .with_context(|| format!("{} is not a pipeline spec", a.spec.display()))?;
+    crate::run::refuse_distributed(&spec, &a.spec, a.local)?;
     if let Some(e) = a.epochs {
         spec.epochs = e;
     }

@@ -321,3 +321,48 @@ fn stoker_index_counts_shards_and_its_index_splits_ranks_contiguously() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("zip"));
 }
+
+#[test]
+fn a_spec_that_distributes_on_ray_runs_here_only_with_local() {
+    let s = server();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    for i in 0..5 {
+        std::fs::write(data.join(format!("{i}.txt")), format!("line {i}")).unwrap();
+    }
+    let text = |table: &str| {
+        format!(
+            "source = {:?}\nformat = \"files\"\n\n[[ops]]\nop = \"batch\"\nsize = 2\n\n{table}",
+            data.display().to_string()
+        )
+    };
+    let p = spec(
+        &dir,
+        &text("[distribute]\nworkers = \"auto\"\nmax_workers = 3\n"),
+    );
+    let out = stoker(&s).arg("run").arg(&p).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("[distribute]") && err.contains("from Python") && err.contains("--local"),
+        "{err}"
+    );
+    let r = run_json(&s, &p, &["--local"]);
+    assert_eq!(r["samples"], 5, "{r}");
+    // The table's keys and values are checked as any spec's.
+    for (bad, says) in [
+        ("[distribute]\nworkers = \"many\"\n", "\"auto\""),
+        ("[distribute]\nworkers = 0\n", "at least 1"),
+        ("[distribute]\nworker = 2\n", "worker"),
+    ] {
+        let out = stoker(&s)
+            .arg("run")
+            .arg(spec(&dir, &text(bad)))
+            .arg("--local")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{bad}: {err}");
+    }
+}
