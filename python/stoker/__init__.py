@@ -531,14 +531,17 @@ class Pipeline:
             address=address,
         )
 
-    def to_ray_data(self, *, epoch: int | None = None, piece: int | None = None) -> Any:
+    def to_ray_data(
+        self, *, epoch: int | None = None, piece: int | None = None, block_rows: int = 256
+    ) -> Any:
         """One epoch of this pipeline (its first, or ``epoch``) as a ``ray.data.Dataset``:
         each read task runs a piece of the epoch's order with the Stoker engine, and each of
-        the pipeline's batches becomes a block (its fields the columns), for Ray Data's own
+        the pipeline's batches becomes a block (its fields the columns); without a batch,
+        each sample is a row, ``block_rows`` rows a block. For Ray Data's own
         transformations and consumers. Needs Ray; see ``docs/distributed.md``."""
         from .raydata import to_ray_data
 
-        return to_ray_data(self, epoch=epoch, piece=piece)
+        return to_ray_data(self, epoch=epoch, piece=piece, block_rows=block_rows)
 
     def epoch_len(self) -> int:
         """The length of each epoch's order (what :meth:`span` cuts), from the listing:

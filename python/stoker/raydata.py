@@ -2,8 +2,10 @@
 
 Each read task of the dataset runs one piece of an epoch (a span of its seeded order,
 :meth:`stoker.Pipeline.span`) with the Stoker engine, and each batch the pipeline makes
-becomes a block: Stoker's formats, operators and seeded randomness, read into Ray Data's
-own transformations and consumers (``map_batches``, ``iter_torch_batches``, Ray Train).
+becomes a block (a pipeline without a batch: each sample a row, ``block_rows`` of them a
+block): Stoker's formats, operators and seeded randomness, read into Ray Data's own
+transformations and consumers (``map_batches``, ``iter_torch_batches``, Ray Train). So any
+format Stoker reads is a Ray dataset: ``stoker.from_url(url, format="tfrecord").to_ray_data()``.
 """
 
 from __future__ import annotations
@@ -17,10 +19,15 @@ if TYPE_CHECKING:
     from . import Pipeline
 
 
-def to_ray_data(p: Pipeline, *, epoch: int | None = None, piece: int | None = None) -> Any:
+def to_ray_data(
+    p: Pipeline, *, epoch: int | None = None, piece: int | None = None, block_rows: int = 256
+) -> Any:
     """One epoch of ``p`` (its first, or ``epoch``) as a ``ray.data.Dataset``, a read task a
     piece of ``piece`` entries of the epoch's order (by default Ray's requested parallelism
-    sets the count); each of ``p``'s batches is a block, its fields the columns."""
+    sets the count); each of ``p``'s batches is a block, its fields the columns, or, for a
+    pipeline without a batch, each sample is a row and ``block_rows`` rows a block (arrays
+    of one shape stacked, of several shapes a variable-shaped tensor column, strings and
+    bytes object columns)."""
     _ray()
     import numpy as np
 
@@ -35,12 +42,10 @@ def to_ray_data(p: Pipeline, *, epoch: int | None = None, piece: int | None = No
     from ray.data.datasource import Datasource, ReadTask
 
     _, first, batches, _ = p._p.shape()
-    if not batches:
-        raise ValueError(
-            "to_ray_data makes a block of each batch: batch the pipeline first (p.batch(n))"
-        )
     if piece is not None and piece < 1:
         raise ValueError(f"piece must be at least 1, not {piece}")
+    if block_rows < 1:
+        raise ValueError(f"block_rows must be at least 1, not {block_rows}")
     n, _ = p._p.epoch_len()
     e = first if epoch is None else int(epoch)
 
@@ -55,13 +60,43 @@ def to_ray_data(p: Pipeline, *, epoch: int | None = None, piece: int | None = No
             cols[k] = v
         return BlockAccessor.batch_to_block(cols)
 
+    def column(values: list[Any]) -> Any:
+        first = values[0]
+        if isinstance(first, np.ndarray) and all(
+            isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values
+        ):
+            return np.stack(values)
+        if all(isinstance(v, (bool, int, float, np.generic)) for v in values):
+            return np.asarray(values)
+        a = np.empty(len(values), dtype=object)
+        a[:] = values
+        return a
+
+    def rows_block(rows: list[dict[str, Any]]) -> Any:
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        return BlockAccessor.batch_to_block({k: column([r.get(k) for r in rows]) for k in keys})
+
+    def blocks(items: Any) -> Any:
+        if batches:
+            for item in items:
+                yield block(item)
+            return
+        rows: list[dict[str, Any]] = []
+        for item in items:
+            rows.append(item)
+            if len(rows) == block_rows:
+                yield rows_block(rows)
+                rows = []
+        if rows:
+            yield rows_block(rows)
+
     class _Source(Datasource):
         def estimate_inmemory_data_size(self) -> int | None:
             return None
 
         def get_read_tasks(self, parallelism: int, per_task_row_limit: Any = None, data_context: Any = None) -> list:
             size = piece or max(1, math.ceil(n / max(1, parallelism)))
-            if piece is None:
+            if piece is None and batches:
                 b = batches[0]
                 size = max(b, math.ceil(size / b) * b)
             tasks = []
@@ -69,8 +104,7 @@ def to_ray_data(p: Pipeline, *, epoch: int | None = None, piece: int | None = No
                 end = min(n, start + size)
 
                 def read(start: int = start, end: int = end) -> Any:
-                    for item in p.first_epoch(e).epochs(1).span(start, end):
-                        yield block(item)
+                    yield from blocks(p.first_epoch(e).epochs(1).span(start, end))
 
                 meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
                 tasks.append(ReadTask(read, meta))

@@ -359,8 +359,26 @@ def test_a_pipeline_as_a_ray_data_dataset(cluster):
     # Ray Data's own transformations on it.
     doubled = ds.map_batches(lambda b: {"r2": b["r"] * 2}, batch_format="numpy").sum("r2")
     assert doubled == 2 * sum(r for _, r in want)
-    with pytest.raises(ValueError, match="batch the pipeline"):
-        stoker.from_samples(samples(3)).to_ray_data()
+    # Without a batch: a sample a row, of any shape (a format read into Ray Data as is).
+    import numpy as np
+
+    def ragged(s):
+        s["v"] = np.arange(s["i"] % 5, dtype=np.int32)
+        s["img"] = np.full((2, 3), s["i"], dtype=np.uint8)
+        s["txt"] = f"text {s['i']}"
+        return s
+
+    q = stoker.from_samples(samples(40)).map(ragged, workers="threads").seed(2)
+    rows = q.to_ray_data(piece=16, block_rows=6).take_all()
+    assert len(rows) == 40
+    for row in rows:
+        i = int(row["i"])
+        assert row["__key__"] == f"k{i:04d}" and row["txt"] == f"text {i}"
+        np.testing.assert_array_equal(row["v"], np.arange(i % 5))
+        np.testing.assert_array_equal(row["img"], np.full((2, 3), i, dtype=np.uint8))
+    assert sorted(int(r["i"]) for r in rows) == list(range(40))
+    with pytest.raises(ValueError, match="block_rows"):
+        q.to_ray_data(block_rows=0)
 
 
 def _explode():
