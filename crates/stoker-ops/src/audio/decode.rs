@@ -19,7 +19,7 @@
 use std::io::Cursor;
 
 use stoker_core::Error;
-use symphonia::core::audio::SampleBuffer;
+use symphonia::core::audio::{AudioBufferRef, SampleBuffer};
 use symphonia::core::codecs::{
     DecoderOptions, CODEC_TYPE_MP1, CODEC_TYPE_MP2, CODEC_TYPE_MP3, CODEC_TYPE_NULL,
     CODEC_TYPE_VORBIS,
@@ -468,6 +468,43 @@ fn decode(bytes: &[u8], o: &DecodeAudio) -> Result<(Audio, DecodeReport), Error>
                     _ => n_ch = Some(c),
                 }
                 if frames == 0 {
+                    continue;
+                }
+                if channels.is_empty() {
+                    // The header's length, so that the channels do not grow by doubling
+                    // (copies, fresh pages); bounded by the input's size (32 frames a
+                    // byte is past what any codec here makes), so that a header that lies
+                    // reserves nothing out of proportion; a longer stream grows as before.
+                    let want_frames = header_frames
+                        .map(|n| n.saturating_sub(start))
+                        .map(|n| want.map_or(n, |w| n.min(w)))
+                        .unwrap_or(0)
+                        .min(o.max_samples / c as u64)
+                        .min(bytes.len() as u64 * 32);
+                    channels = (0..c)
+                        .map(|_| Vec::with_capacity(want_frames as usize))
+                        .collect();
+                }
+                if let AudioBufferRef::F32(planar) = &buf {
+                    // The decoder's own planes (MP3, Vorbis, ...): no copy in between.
+                    let planes = planar.planes();
+                    let planes = planes.planes();
+                    let skip = start.saturating_sub(at).min(frames as u64) as usize;
+                    let mut take = frames - skip;
+                    if let Some(w) = want {
+                        take = take.min(w.saturating_sub(kept) as usize);
+                    }
+                    if (kept + take as u64).saturating_mul(c as u64) > o.max_samples {
+                        return Err(Error::operator(format!(
+                            "{OP}: the stream holds more than {} samples (the limit)",
+                            o.max_samples
+                        )));
+                    }
+                    for (out, plane) in channels.iter_mut().zip(planes) {
+                        out.extend_from_slice(&plane[skip..skip + take]);
+                    }
+                    kept += take as u64;
+                    pos = Some(at + frames as u64);
                     continue;
                 }
                 let sb = match &mut sample_buf {
