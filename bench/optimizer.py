@@ -4,12 +4,15 @@ against the same pipeline placed by hand, in the same run, on the same 2,000 JPE
 
     python3 bench/optimizer.py [--reps 3] [--epochs 2] [--only natural,hand-placed,...]
                                [--old-stoker PATH] [--out bench/results/optimizer.json]
+                               [--s3 [--latency-ms 10]]
 
 Data: the 2,000 ImageNet-like JPEGs of bench/ops.py (about 110 KB, 440x430 px, in 10 class
 directories), read from local files (page cache warm), and the same JPEGs as 8 WebDataset
 tar shards of 250 (`.jpg` + `.cls`). The pipeline: decode, RandomResizedCrop 224,
 horizontal flip, float32 CHW normalized (ImageNet mean/std), a shuffle, batches of 64, two
-epochs, all cores. Each contender is one `stoker run --json SPEC` process.
+epochs, all cores. Each contender is one `stoker run --json SPEC` process. With `--s3` the
+same files come from stoker-testserver on loopback (a bucket each for the tree and the
+shards), which waits `--latency-ms` before each response.
 
 Contenders (the shuffle is where the name says; `-off`: the optimizer's shuffle pass off,
 so the plan runs as written):
@@ -109,13 +112,15 @@ def make_shards(tree: Path) -> Path:
     return out
 
 
-def spec(name: str, tree: Path, shards: Path, epochs: int) -> str:
-    """The spec of contender `name` (without an @old suffix)."""
+def spec(name: str, tree: Path, shards: Path, epochs: int, s3: bool = False) -> str:
+    """The spec of contender `name` (without an @old suffix); with `s3`, its files from the
+    test server (a bucket named after each directory)."""
     base = name.split("@")[0]
     tar = base.startswith("tar-")
+    where = (lambda d: f"s3://{d.name}/") if s3 else (lambda d: f"file://{d}/")
     head = (
-        f'source = "file://{shards}/"\nformat = "tar"\n' if tar
-        else f'source = "file://{tree}/"\nformat = "imagefolder"\n'
+        f'source = "{where(shards)}"\nformat = "tar"\n' if tar
+        else f'source = "{where(tree)}"\nformat = "imagefolder"\n'
     )
     head += f"seed = 1\nepochs = {epochs}\n"
     options = f"\n[options]\nthreads = {os.cpu_count()}\n"
@@ -136,8 +141,9 @@ def spec(name: str, tree: Path, shards: Path, epochs: int) -> str:
     return head + ops + options
 
 
-def run_one(stoker: Path, spec_path: Path, timeout: float, images: int) -> SimpleNamespace:
-    child = H.run_child([str(stoker), "run", "--json", str(spec_path)], dict(os.environ), timeout,
+def run_one(stoker: Path, spec_path: Path, timeout: float, images: int,
+            env: dict[str, str] | None = None) -> SimpleNamespace:
+    child = H.run_child([str(stoker), "run", "--json", str(spec_path)], env or dict(os.environ), timeout,
                         sample_memory=True)
     H.check(child, f"stoker run {spec_path.name}")
     doc = H.last_json(child.stdout)
@@ -174,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="a stoker binary from an earlier commit: adds natural@old and first@old")
     ap.add_argument("--python", type=Path, default=Path(sys.executable),
                     help="a Python with numpy and Pillow, to generate the JPEGs")
+    ap.add_argument("--s3", action="store_true", help="read the files from stoker-testserver on loopback")
+    ap.add_argument("--latency-ms", type=float, default=10.0, help="the test server's wait before each response")
+    ap.add_argument("--server", type=Path, default=None,
+                    help="the stoker-testserver binary (default: target/release/stoker-testserver)")
     a = ap.parse_args(argv)
     known = CONTENDERS + (OLD if a.old_stoker else [])
     names = H.pick(a.only, known, ap.error)
@@ -186,13 +196,21 @@ def main(argv: list[str] | None = None) -> int:
     specs = {}
     for n in names:
         p = work / f"{n.replace('@', '-')}.toml"
-        p.write_text(spec(n, tree, shards, a.epochs))
+        p.write_text(spec(n, tree, shards, a.epochs, a.s3))
         specs[n] = p
     images = a.images * a.epochs
+    env = None
+    server = None
+    if a.s3:
+        assert tree.parent == shards.parent
+        server = H.Server.start(a.server or H.release_bin("stoker-testserver"), tree.parent, a.latency_ms,
+                                work / "server.log")
+        env = {**H.client_env(work), "AWS_ENDPOINT_URL": server.endpoint}
+        log(f"test server at {server.endpoint} ({a.latency_ms:g} ms a response)")
 
     def run(_group: str, name: str, _rep: int) -> SimpleNamespace:
         binary = a.old_stoker if name.endswith("@old") else stoker
-        return run_one(binary, specs[name], a.timeout, images)
+        return run_one(binary, specs[name], a.timeout, images, env)
 
     def ok(rep: int, _g: str, name: str, r: SimpleNamespace) -> None:
         log(f"rep {rep} {name}: {r.images_per_s:.0f} images/s, first batch {r.first_batch_s:.2f} s, "
@@ -201,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     def fail(rep: int, _g: str, name: str, msg: str) -> None:
         log(f"rep {rep} {name}: FAILED {H.first_line(msg, 300)}")
 
-    trials = H.run_reps(a.reps, [("imagenet", names)], run, on_ok=ok, on_fail=fail)
+    try:
+        trials = H.run_reps(a.reps, [("imagenet", names)], run, on_ok=ok, on_fail=fail)
+    finally:
+        if server is not None:
+            server.stop()
     rows = []
     for n in names:
         reps = trials.reps[("imagenet", n)]
