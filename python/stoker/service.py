@@ -30,7 +30,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .distributed import _ray, cuts, piece_size
+from .distributed import _ray, cuts, init_ray, piece_size
 
 if TYPE_CHECKING:
     from . import Pipeline
@@ -310,7 +310,7 @@ class Service:
         if piece is not None and piece < 1:
             raise ValueError(f"piece must be at least 1, not {piece}")
         if not ray.is_initialized():
-            ray.init(address=address or "local", ignore_reinit_error=True, log_to_driver=False)
+            init_ray(ray, address)
         self.name = name
         cls = ray.remote(_Coordinator)
         self._actor = cls.options(

@@ -152,6 +152,30 @@ size = 4
         stoker.from_spec(spec + "[distribute]\nworker = 2\n")
 
 
+def test_a_ray_that_stoker_starts_runs_its_workers_at_normal_priority(cluster, tmp_path):
+    # Ray's own default (niceness 15) starves the workers under competing load; a Ray that
+    # distribute() starts itself (none initialised in the process) runs them at 0, and
+    # RAY_worker_niceness still decides. In a process of its own (this one has Ray up).
+    import subprocess
+
+    script = tmp_path / "nice.py"
+    script.write_text(
+        "import ray, stoker\n"
+        "p = stoker.from_samples([{'i': i} for i in range(8)]).batch(2).distribute(1, cpus_per_worker=0.5)\n"
+        "run = p.run()\n"
+        "next(run)\n"
+        "print('niceness', ray.get(run._workers[0].niceness.remote()))\n"
+        "assert sum(1 for _ in run) == 3\n"
+        "import os; assert 'RAY_worker_niceness' not in os.environ or os.environ['RAY_worker_niceness'] == '7'\n"
+    )
+    for env, want in (({}, 0), ({"RAY_worker_niceness": "7"}, 7)):
+        e = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}
+        out = subprocess.run([sys.executable, str(script)], env={**e, **env}, capture_output=True,
+                             text=True, timeout=240)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"niceness {want}" in out.stdout, out.stdout
+
+
 def test_scale_up_and_down_mid_epoch(cluster):
     p = pipeline(n=240, epochs=2, fn=slow)
     want = local(p)
