@@ -94,8 +94,10 @@ impl Recycler {
             return;
         }
         *self.left.lock() = Some(Instant::now());
-        static REAPERS: OnceLock<Mutex<Vec<usize>>> = OnceLock::new();
-        let me = self as *const Recycler as usize;
+        // One reaper per recycler and process: a child forked after the parent started one
+        // (a DataLoader worker) has none running, and starts its own.
+        static REAPERS: OnceLock<Mutex<Vec<(usize, u32)>>> = OnceLock::new();
+        let me = (self as *const Recycler as usize, std::process::id());
         let mut started = REAPERS.get_or_init(|| Mutex::new(Vec::new())).lock();
         if !started.contains(&me) {
             let spawned = std::thread::Builder::new()
@@ -120,7 +122,8 @@ impl Recycler {
                 Some(t) if t.elapsed() >= LINGER => {
                     *left = None;
                     if self.users.load(Ordering::SeqCst) == 0 {
-                        self.clear();
+                        // Not holding `left` meanwhile: a run starting now does not wait.
+                        parking_lot::MutexGuard::unlocked(&mut left, || self.clear());
                     }
                 }
                 Some(t) => {
