@@ -85,34 +85,9 @@ impl TimeStretch {
         }
         let t_out = t_out as usize;
         let hop = self.hop_length.unwrap_or(self.n_freq - 1) as f64;
-        // torch.linspace(0, pi * hop, n_freq) as torch computes it in f32 (from both ends
-        // towards the middle): its rounding accumulates over the frames, so it matters.
-        let end = (std::f64::consts::PI * hop) as f32;
-        let step = end / (f - 1) as f32;
-        let advance: Vec<f32> = (0..f)
-            .map(|k| {
-                if k < f / 2 {
-                    step * k as f32
-                } else {
-                    end - step * (f - 1 - k) as f32
-                }
-            })
-            .collect();
-        // torch.arange(0, t, rate) in f32: its indices and fractional parts.
-        let steps: Vec<(usize, f32)> = (0..t_out)
-            .map(|i| {
-                let s = (i as f64 * rate) as f32;
-                (s as usize, s % 1.0)
-            })
-            .collect();
+        let plan = vocoder::Plan::new(f, t, t_out, rate, hop);
         let mut out = vec![0.0f32; batch * f * t_out * 2];
-        // The vectorised kernel rounds a bin's phase step with the `f32` magic constant,
-        // exact while it stays below 2^22 turns; a hop that large takes the scalar kernel.
-        if (end as f64) < (1u64 << 20) as f64 {
-            vocoder::rows(&data, &mut out, t, t_out, &advance, &steps);
-        } else {
-            vocoder::rows_scalar(&data, &mut out, t, t_out, &advance, &steps);
-        }
+        vocoder::stretch(&data, &mut out, &plan);
         let mut out_shape = shape.to_vec();
         let n = out_shape.len();
         out_shape[n - 2] = t_out;

@@ -18,17 +18,68 @@ use super::fastmath;
 /// `2 pi` in `f32`, as the scalar code and torchaudio use it.
 const TWO_PI: f32 = (2.0 * PI) as f32;
 
+/// What a stretch of `[.., F, T, 2]` rows to `t_out` frames needs besides the data.
+pub(crate) struct Plan {
+    /// Input frames a row.
+    pub t: usize,
+    /// Output frames a row.
+    pub t_out: usize,
+    /// Bin `k`'s expected phase advance a hop (rows cycle through the bins).
+    pub advance: Vec<f32>,
+    /// Output frame `i`'s input frame and fraction.
+    pub steps: Vec<(usize, f32)>,
+    /// The largest advance, `pi * hop`.
+    end: f32,
+}
+
+impl Plan {
+    /// The plan for `f` bins, `t` frames in, `t_out` out, at `rate` with the STFT's `hop`.
+    pub fn new(f: usize, t: usize, t_out: usize, rate: f64, hop: f64) -> Plan {
+        // torch.linspace(0, pi * hop, n_freq) as torch computes it in f32 (from both ends
+        // towards the middle): its rounding accumulates over the frames, so it matters.
+        let end = (PI * hop) as f32;
+        let step = end / (f - 1) as f32;
+        let advance = (0..f)
+            .map(|k| {
+                if k < f / 2 {
+                    step * k as f32
+                } else {
+                    end - step * (f - 1 - k) as f32
+                }
+            })
+            .collect();
+        // torch.arange(0, t, rate) in f32: its indices and fractional parts.
+        let steps = (0..t_out)
+            .map(|i| {
+                let s = (i as f64 * rate) as f32;
+                (s as usize, s % 1.0)
+            })
+            .collect();
+        Plan {
+            t,
+            t_out,
+            advance,
+            steps,
+            end,
+        }
+    }
+}
+
+/// Stretches the rows of `data` into `out` by `plan`: the vectorised kernel, which rounds a
+/// bin's phase step with the `f32` magic constant (exact below 2^22 turns), unless the hop
+/// is that large.
+pub(crate) fn stretch(data: &[f32], out: &mut [f32], plan: &Plan) {
+    if (plan.end as f64) < (1u64 << 20) as f64 {
+        rows(data, out, plan);
+    } else {
+        rows_scalar(data, out, plan);
+    }
+}
+
 /// The scalar kernel: for each `[T, 2]` row of `data` (a bin of a channel), its `[t_out,
-/// 2]` row of `out`. `advance[k]` is bin `k`'s expected phase advance a hop (rows cycle
-/// through the bins), `steps[i]` output frame `i`'s input frame and fraction.
-pub(crate) fn rows_scalar(
-    data: &[f32],
-    out: &mut [f32],
-    t: usize,
-    t_out: usize,
-    advance: &[f32],
-    steps: &[(usize, f32)],
-) {
+/// 2]` row of `out`.
+pub(crate) fn rows_scalar(data: &[f32], out: &mut [f32], plan: &Plan) {
+    let (t, t_out, advance, steps) = (plan.t, plan.t_out, &plan.advance, &plan.steps);
     let f = advance.len();
     let rows = if t == 0 { 0 } else { data.len() / (t * 2) };
     // Angle and magnitude of every input frame of a bin, computed once (each is used by
@@ -45,7 +96,7 @@ pub(crate) fn rows_scalar(
         // Accumulated in f64 like torch's CPU cumsum, stored as f32.
         let mut acc = angle[0] as f64;
         let dst = &mut out[r * t_out * 2..(r + 1) * t_out * 2];
-        for (o, &(j, alpha)) in dst.chunks_exact_mut(2).zip(steps) {
+        for (o, &(j, alpha)) in dst.chunks_exact_mut(2).zip(steps.iter()) {
             let mag = alpha * norm[j + 1] + (1.0 - alpha) * norm[j];
             let (sin, cos) = fastmath::sin_cos(acc as f32);
             o[0] = mag * cos;
@@ -58,46 +109,26 @@ pub(crate) fn rows_scalar(
     }
 }
 
-/// The vectorised kernel, same arguments and results as [`rows_scalar`]. The caller
-/// keeps every `|advance[k] / 2 pi|` below `2^20` (the phase step's rounding).
-pub(crate) fn rows(
-    data: &[f32],
-    out: &mut [f32],
-    t: usize,
-    t_out: usize,
-    advance: &[f32],
-    steps: &[(usize, f32)],
-) {
+/// The vectorised kernel, same arguments and results as [`rows_scalar`], for plans whose
+/// every `|advance[k] / 2 pi|` is below `2^20` (the phase step's rounding; [`stretch`]).
+pub(crate) fn rows(data: &[f32], out: &mut [f32], plan: &Plan) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { rows_avx2(data, out, t, t_out, advance, steps) };
+        return unsafe { rows_avx2(data, out, plan) };
     }
-    rows_lanes(data, out, t, t_out, advance, steps)
+    rows_lanes(data, out, plan)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn rows_avx2(
-    data: &[f32],
-    out: &mut [f32],
-    t: usize,
-    t_out: usize,
-    advance: &[f32],
-    steps: &[(usize, f32)],
-) {
-    rows_lanes(data, out, t, t_out, advance, steps)
+fn rows_avx2(data: &[f32], out: &mut [f32], plan: &Plan) {
+    rows_lanes(data, out, plan)
 }
 
 #[inline(always)]
-fn rows_lanes(
-    data: &[f32],
-    out: &mut [f32],
-    t: usize,
-    t_out: usize,
-    advance: &[f32],
-    steps: &[(usize, f32)],
-) {
+fn rows_lanes(data: &[f32], out: &mut [f32], plan: &Plan) {
+    let (t, t_out, advance, steps) = (plan.t, plan.t_out, &plan.advance, &plan.steps);
     let f = advance.len();
     let rows = if t == 0 { 0 } else { data.len() / (t * 2) };
     let (mut re, mut im) = (vec![0.0f32; t], vec![0.0f32; t]);
@@ -243,28 +274,6 @@ mod tests {
         v
     }
 
-    fn plan(f: usize, t: usize, rate: f64, hop: f64) -> (Vec<f32>, Vec<(usize, f32)>, usize) {
-        let end = (PI * hop) as f32;
-        let step = end / (f - 1) as f32;
-        let advance = (0..f)
-            .map(|k| {
-                if k < f / 2 {
-                    step * k as f32
-                } else {
-                    end - step * (f - 1 - k) as f32
-                }
-            })
-            .collect();
-        let t_out = (t as f64 / rate).ceil() as usize;
-        let steps = (0..t_out)
-            .map(|i| {
-                let s = (i as f64 * rate) as f32;
-                (s as usize, s % 1.0)
-            })
-            .collect();
-        (advance, steps, t_out)
-    }
-
     fn same_bits(a: &[f32], b: &[f32], what: &str) {
         assert_eq!(a.len(), b.len());
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
@@ -291,13 +300,14 @@ mod tests {
         {
             let n_rows = 2 * f;
             let data = spec(n_rows, t, 7 + case as u64, special);
-            let (advance, steps, t_out) = plan(f, t, rate, hop);
+            let t_out = (t as f64 / rate).ceil() as usize;
+            let plan = Plan::new(f, t, t_out, rate, hop);
             let (mut a, mut b) = (vec![0.0; n_rows * t_out * 2], vec![1.0; n_rows * t_out * 2]);
-            rows_scalar(&data, &mut a, t, t_out, &advance, &steps);
-            rows(&data, &mut b, t, t_out, &advance, &steps);
+            rows_scalar(&data, &mut a, &plan);
+            rows(&data, &mut b, &plan);
             same_bits(&a, &b, &format!("case {case}"));
             let mut c = vec![2.0; n_rows * t_out * 2];
-            rows_lanes(&data, &mut c, t, t_out, &advance, &steps);
+            rows_lanes(&data, &mut c, &plan);
             same_bits(&a, &c, &format!("case {case}, baseline lanes"));
         }
     }
